@@ -1,1 +1,19 @@
-//! quicsdn-transport
+//! `quicsdn-transport`: the byte carriers under the agents.
+//!
+//! * [`target`] and [`local`] — the local side: Open vSwitch-style targets
+//!   (`tcp:`, `unix:`, `ptcp:`, `punix:`) and the plain streams to OVS and the
+//!   controller (OVS's `lib/stream`).
+//! * [`tls`], [`identity`], [`pki`] — mutual TLS 1.3: loading PEM credentials,
+//!   naming peers by certificate, issuing certificates.
+//! * [`quic`] — quinn endpoints with quicsdn's transport settings.
+//! * [`backoff`] — OVS-like reconnect backoff with jitter (pure).
+
+pub mod backoff;
+pub mod identity;
+pub mod local;
+pub mod pki;
+pub mod quic;
+pub mod target;
+pub mod tls;
+
+pub use target::Target;

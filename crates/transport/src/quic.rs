@@ -1,0 +1,123 @@
+//! QUIC endpoints for the agents (quinn), with the transport settings quicsdn
+//! relies on.
+
+use crate::tls::{Credentials, TlsError};
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::{Endpoint, EndpointConfig, IdleTimeout, TransportConfig, VarInt};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Transport settings shared by both agents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuicOptions {
+    /// Send a PING after this long without sending anything, so an idle control
+    /// connection stays verified (RFC 9000 §10.1.2).
+    pub keepalive: Duration,
+    /// Declare the peer dead after this long without hearing from it (RFC 9000
+    /// §10.1). Kept below Open vSwitch's default 2 × 5 s inactivity probe, so the
+    /// agent notices a dead path before OVS would have, and closes OVS's
+    /// connection truthfully.
+    pub idle_timeout: Duration,
+    /// How many streams the peer may have open at once (sessions × lanes).
+    pub max_streams: u32,
+}
+
+impl Default for QuicOptions {
+    fn default() -> Self {
+        QuicOptions {
+            keepalive: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(6),
+            max_streams: 4096,
+        }
+    }
+}
+
+/// Socket buffer size asked for on the UDP socket: a burst of a thousand switches'
+/// handshakes, or a flow-mod storm, must not overflow the kernel's default 208 kB.
+const UDP_BUFFER: usize = 4 << 20;
+
+fn transport_config(opts: &QuicOptions) -> Result<TransportConfig, TlsError> {
+    let mut t = TransportConfig::default();
+    t.max_concurrent_bidi_streams(VarInt::from_u32(opts.max_streams))
+        .max_concurrent_uni_streams(VarInt::from_u32(0))
+        .keep_alive_interval(Some(opts.keepalive))
+        .max_idle_timeout(Some(
+            IdleTimeout::try_from(opts.idle_timeout)
+                .map_err(|e| TlsError::Config(format!("idle timeout: {e}")))?,
+        ));
+    Ok(t)
+}
+
+fn udp_socket(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        // Accept IPv4-mapped peers on [::] as ovsdb-server and ovs-vswitchd do.
+        let _ = socket.set_only_v6(false);
+    }
+    // Best effort: the kernel caps these at net.core.{r,w}mem_max.
+    let _ = socket.set_recv_buffer_size(UDP_BUFFER);
+    let _ = socket.set_send_buffer_size(UDP_BUFFER);
+    socket
+        .bind(&addr.into())
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot bind UDP {addr}: {e}")))?;
+    Ok(socket.into())
+}
+
+fn runtime() -> io::Result<Arc<dyn quinn::Runtime>> {
+    quinn::default_runtime().ok_or_else(|| io::Error::other("no async runtime (quinn needs tokio)"))
+}
+
+/// The error type of endpoint construction.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// The controller agent's endpoint: accepts connections from switch agents.
+pub fn server_endpoint(
+    listen: SocketAddr,
+    creds: &Credentials,
+    opts: &QuicOptions,
+) -> Result<Endpoint, EndpointError> {
+    let crypto = QuicServerConfig::try_from(creds.server_config()?)
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    server.transport_config(Arc::new(transport_config(opts)?));
+    let socket = udp_socket(listen)?;
+    Ok(Endpoint::new(
+        EndpointConfig::default(),
+        Some(server),
+        socket,
+        runtime()?,
+    )?)
+}
+
+/// The switch agent's client configuration.
+pub fn client_config(
+    creds: &Credentials,
+    opts: &QuicOptions,
+) -> Result<quinn::ClientConfig, TlsError> {
+    let crypto = QuicClientConfig::try_from(creds.client_config()?)
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let mut client = quinn::ClientConfig::new(Arc::new(crypto));
+    client.transport_config(Arc::new(transport_config(opts)?));
+    Ok(client)
+}
+
+/// The switch agent's endpoint, bound to `bind` (port 0 picks one).
+pub fn client_endpoint(
+    bind: SocketAddr,
+    creds: &Credentials,
+    opts: &QuicOptions,
+) -> Result<Endpoint, EndpointError> {
+    let socket = udp_socket(bind)?;
+    let mut endpoint = Endpoint::new(EndpointConfig::default(), None, socket, runtime()?)?;
+    endpoint.set_default_client_config(client_config(creds, opts)?);
+    Ok(endpoint)
+}

@@ -1,0 +1,176 @@
+//! TLS 1.3 with mutual authentication for the agents' QUIC connections.
+//!
+//! There is no plaintext mode and no way to turn peer verification off: the
+//! controller agent requires a client certificate chaining to its CA
+//! (`WebPkiClientVerifier` with mandatory client auth), and the switch agent
+//! requires the controller's certificate to chain to its CA and to name
+//! `--server-name`. RFC 9001 §4.2: QUIC "MUST NOT" negotiate a TLS version older
+//! than 1.3, so only TLS 1.3 is offered.
+
+use quicsdn_wire::preamble::ALPN;
+use rustls::RootCertStore;
+use rustls::crypto::CryptoProvider;
+use rustls::server::WebPkiClientVerifier;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use time::OffsetDateTime;
+
+/// The PEM files one agent uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// CA certificate(s) that peers' certificates must chain to.
+    pub ca: PathBuf,
+    /// This agent's certificate (chain), leaf first.
+    pub cert: PathBuf,
+    /// This agent's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+/// What went wrong loading or using certificates, naming the file involved.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {what} {path}: {reason}")]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("{what} {path} contains no {expected}")]
+    Empty {
+        what: &'static str,
+        path: PathBuf,
+        expected: &'static str,
+    },
+    #[error("certificate {cert} and key {key} cannot be used together: {reason}")]
+    Mismatch {
+        cert: PathBuf,
+        key: PathBuf,
+        reason: String,
+    },
+    #[error("invalid CA certificate in {path}: {reason}")]
+    BadCa { path: PathBuf, reason: String },
+    #[error("TLS configuration failed: {0}")]
+    Config(String),
+}
+
+/// Loaded credentials: the roots to verify peers with, and this agent's identity.
+#[derive(Debug, Clone)]
+pub struct Credentials {
+    files: TlsFiles,
+    roots: Arc<RootCertStore>,
+    chain: Vec<CertificateDer<'static>>,
+    key: Arc<PrivateKeyDer<'static>>,
+    /// The identity in this agent's own certificate (see [`crate::identity`]).
+    pub identity: String,
+    /// When this agent's own certificate expires.
+    pub not_after: OffsetDateTime,
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn read_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let read_err = |reason: String| TlsError::Read {
+        what,
+        path: path.to_path_buf(),
+        reason,
+    };
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| read_err(e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| read_err(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(TlsError::Empty {
+            what,
+            path: path.to_path_buf(),
+            expected: "PEM certificate",
+        });
+    }
+    Ok(certs)
+}
+
+impl Credentials {
+    /// Reads and checks the three files: the CA must parse, the certificate and key
+    /// must match.
+    pub fn load(files: &TlsFiles) -> Result<Credentials, TlsError> {
+        let ca = read_certs("CA file", &files.ca)?;
+        let mut roots = RootCertStore::empty();
+        for cert in ca {
+            roots.add(cert).map_err(|e| TlsError::BadCa {
+                path: files.ca.clone(),
+                reason: e.to_string(),
+            })?;
+        }
+        let chain = read_certs("certificate file", &files.cert)?;
+        let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| match e {
+            rustls_pki_types::pem::Error::NoItemsFound => TlsError::Empty {
+                what: "key file",
+                path: files.key.clone(),
+                expected: "PEM private key",
+            },
+            e => TlsError::Read {
+                what: "key file",
+                path: files.key.clone(),
+                reason: e.to_string(),
+            },
+        })?;
+        rustls::sign::CertifiedKey::from_der(chain.clone(), key.clone_key(), &provider()).map_err(
+            |e| TlsError::Mismatch {
+                cert: files.cert.clone(),
+                key: files.key.clone(),
+                reason: e.to_string(),
+            },
+        )?;
+        let leaf = crate::identity::parse(&chain[0]).map_err(|reason| TlsError::Read {
+            what: "certificate file",
+            path: files.cert.clone(),
+            reason,
+        })?;
+        Ok(Credentials {
+            files: files.clone(),
+            roots: Arc::new(roots),
+            chain,
+            key: Arc::new(key),
+            identity: leaf.identity,
+            not_after: leaf.not_after,
+        })
+    }
+
+    pub fn files(&self) -> &TlsFiles {
+        &self.files
+    }
+
+    /// rustls configuration for the controller agent (QUIC server): present our
+    /// certificate, require one from every client.
+    pub fn server_config(&self) -> Result<rustls::ServerConfig, TlsError> {
+        let provider = provider();
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(self.roots.clone(), provider.clone())
+                .build()
+                .map_err(|e| TlsError::Config(e.to_string()))?;
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| TlsError::Config(e.to_string()))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(self.chain.clone(), self.key.clone_key())
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        cfg.alpn_protocols = vec![ALPN.to_vec()];
+        Ok(cfg)
+    }
+
+    /// rustls configuration for the switch agent (QUIC client): verify the server
+    /// against our CA and present our certificate.
+    pub fn client_config(&self) -> Result<rustls::ClientConfig, TlsError> {
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| TlsError::Config(e.to_string()))?
+            .with_root_certificates(self.roots.clone())
+            .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        cfg.alpn_protocols = vec![ALPN.to_vec()];
+        Ok(cfg)
+    }
+}

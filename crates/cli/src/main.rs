@@ -1,1 +1,114 @@
-fn main() {}
+//! `quicsdn`: the command-line front of the agents.
+
+mod args;
+mod units;
+
+use anyhow::Result;
+use args::{Cli, Command, FileConfig, LogFormat, PkiCommand};
+use clap::Parser;
+use quicsdn_agent::{ControllerAgent, SwitchAgent};
+use quicsdn_transport::pki;
+use std::process::ExitCode;
+use tracing::info;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("quicsdn: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(level: &str, format: LogFormat) -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .map_err(|e| anyhow::anyhow!("--log-level {level:?}: {e}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Pki(cmd) => pki_command(cmd),
+        Command::Switch(args) => {
+            let file = FileConfig::load(args.common.config.as_deref())?;
+            init_logging(
+                cli.log_level
+                    .as_deref()
+                    .or(file.log_level.as_deref())
+                    .unwrap_or("info"),
+                cli.log_format,
+            )?;
+            let config = args.resolve(file)?;
+            runtime()?.block_on(async {
+                let agent = SwitchAgent::start(config).await?;
+                wait_for_signal().await?;
+                info!(switch = %agent.identity(), "shutting down");
+                agent.shutdown().await;
+                Ok(())
+            })
+        }
+        Command::Controller(args) => {
+            let file = FileConfig::load(args.common.config.as_deref())?;
+            init_logging(
+                cli.log_level
+                    .as_deref()
+                    .or(file.log_level.as_deref())
+                    .unwrap_or("info"),
+                cli.log_format,
+            )?;
+            let config = args.resolve(file)?;
+            runtime()?.block_on(async {
+                let agent = ControllerAgent::start(config).await?;
+                wait_for_signal().await?;
+                info!("shutting down");
+                agent.shutdown().await;
+                Ok(())
+            })
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+async fn wait_for_signal() -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+fn pki_command(cmd: PkiCommand) -> Result<()> {
+    match cmd {
+        PkiCommand::Init { dir, name, days } => {
+            let (crt, key) = pki::init_ca(&dir, &name, pki::Validity::days(days))?;
+            println!("wrote {} and {}", crt.display(), key.display());
+        }
+        PkiCommand::Issue {
+            dir,
+            name,
+            ips,
+            days,
+        } => {
+            let (crt, key) = pki::issue(&dir, &name, &ips, pki::Validity::days(days))?;
+            println!("wrote {} and {}", crt.display(), key.display());
+        }
+    }
+    Ok(())
+}

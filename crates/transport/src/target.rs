@@ -57,7 +57,7 @@ impl Target {
         };
         match method {
             "tcp" => {
-                let (host, p) = split_host_port(rest).map_err(|r| err(r))?;
+                let (host, p) = split_host_port(rest).map_err(&err)?;
                 if host.is_empty() {
                     return Err(err("tcp: needs a host, as in tcp:127.0.0.1:6653"));
                 }

@@ -8,14 +8,18 @@
 //! than 1.3, so only TLS 1.3 is offered.
 
 use quicsdn_wire::preamble::ALPN;
-use rustls::RootCertStore;
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use time::OffsetDateTime;
+use tracing::warn;
 
 /// The PEM files one agent uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,7 +158,7 @@ impl Credentials {
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| TlsError::Config(e.to_string()))?
-            .with_client_cert_verifier(verifier)
+            .with_client_cert_verifier(Arc::new(LoggingClientVerifier { inner: verifier }))
             .with_single_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|e| TlsError::Config(e.to_string()))?;
         cfg.alpn_protocols = vec![ALPN.to_vec()];
@@ -164,13 +168,130 @@ impl Credentials {
     /// rustls configuration for the switch agent (QUIC client): verify the server
     /// against our CA and present our certificate.
     pub fn client_config(&self) -> Result<rustls::ClientConfig, TlsError> {
-        let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
+        let provider = provider();
+        let inner =
+            WebPkiServerVerifier::builder_with_provider(self.roots.clone(), provider.clone())
+                .build()
+                .map_err(|e| TlsError::Config(e.to_string()))?;
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| TlsError::Config(e.to_string()))?
-            .with_root_certificates(self.roots.clone())
+            .dangerous() // Only to wrap the standard verifier in one that logs; it still decides.
+            .with_custom_certificate_verifier(Arc::new(LoggingServerVerifier { inner }))
             .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|e| TlsError::Config(e.to_string()))?;
         cfg.alpn_protocols = vec![ALPN.to_vec()];
         Ok(cfg)
+    }
+}
+
+/// The identity a rejected certificate claims, for the log line (it is not trusted).
+fn claimed_identity(cert: &CertificateDer<'_>) -> String {
+    crate::identity::parse(cert)
+        .map(|s| s.identity)
+        .unwrap_or_else(|e| format!("<unreadable certificate: {e}>"))
+}
+
+/// The standard client verifier, logging the identity a rejected switch claimed.
+#[derive(Debug)]
+struct LoggingClientVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+}
+
+impl ClientCertVerifier for LoggingClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.inner
+            .verify_client_cert(end_entity, intermediates, now)
+            .inspect_err(|e| {
+                warn!(peer = %claimed_identity(end_entity), "rejected the switch agent's certificate: {e}");
+            })
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// The standard server verifier, logging the identity a rejected controller claimed.
+#[derive(Debug)]
+struct LoggingServerVerifier {
+    inner: Arc<WebPkiServerVerifier>,
+}
+
+impl ServerCertVerifier for LoggingServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.inner
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+            .inspect_err(|e| {
+                warn!(
+                    peer = %claimed_identity(end_entity),
+                    expected = %server_name.to_str(),
+                    "rejected the controller agent's certificate: {e}"
+                );
+            })
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
     }
 }

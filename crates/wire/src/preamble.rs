@@ -236,6 +236,26 @@ impl Hello {
     }
 }
 
+/// What a stream opened by the peer turned out to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamStart {
+    Control(Hello),
+    Lane(LanePreamble),
+}
+
+impl StreamStart {
+    /// Decodes whichever kind of stream `buf` starts, `Ok(None)` while incomplete.
+    pub fn decode(buf: &[u8]) -> Result<Option<(StreamStart, usize)>, PreambleError> {
+        match buf.first() {
+            None => Ok(None),
+            Some(&CONTROL_MAGIC) => {
+                Ok(Hello::decode(buf)?.map(|(h, n)| (StreamStart::Control(h), n)))
+            }
+            Some(_) => Ok(LanePreamble::decode(buf)?.map(|(p, n)| (StreamStart::Lane(p), n))),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,6 +321,33 @@ mod tests {
             Hello::decode(&[0x63, 3, b'{', b'x', b'}']),
             Err(PreambleError::BadHello(_))
         ));
+    }
+
+    #[test]
+    fn stream_start_dispatches_on_the_first_byte() {
+        let p = LanePreamble {
+            session: 3,
+            lane: 0,
+            lanes: 1,
+            service: "ovsdb".into(),
+        };
+        let bytes = p.encode();
+        assert_eq!(
+            StreamStart::decode(&bytes),
+            Ok(Some((StreamStart::Lane(p), bytes.len())))
+        );
+        let h = Hello {
+            agent: "a".into(),
+            services: vec![],
+            streams: "ordered".into(),
+        };
+        let bytes = h.encode();
+        assert_eq!(
+            StreamStart::decode(&bytes),
+            Ok(Some((StreamStart::Control(h), bytes.len())))
+        );
+        assert_eq!(StreamStart::decode(&[]), Ok(None));
+        assert_eq!(StreamStart::decode(&[0]), Err(PreambleError::BadMagic(0)));
     }
 
     #[test]

@@ -1,0 +1,281 @@
+//! What an agent is told to do: its services, its peer, its credentials.
+//!
+//! A service is written `NAME[:FRAMING]=TARGET`, e.g. `openflow=punix:/run/of.sock`
+//! or `gauge:openflow=tcp:127.0.0.1:6654`. The names `openflow` and `ovsdb` imply
+//! their framing; any other name is a raw byte stream unless a framing is given.
+//! Whether a target is passive (`ptcp:`/`punix:`) or active (`tcp:`/`unix:`)
+//! decides which side accepts the local connections, and so opens the sessions.
+
+use quicsdn_lanes::StreamMode;
+use quicsdn_transport::quic::QuicOptions;
+use quicsdn_transport::target::{Target, TargetError};
+use quicsdn_transport::tls::TlsFiles;
+use quicsdn_wire::Framing;
+use quicsdn_wire::openflow;
+use quicsdn_wire::preamble::{Opener, validate_service_name};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Default size limit for JSON-RPC messages. OVSDB monitor replies for a large
+/// database run to megabytes; anything near this is a runaway peer.
+pub const DEFAULT_JSONRPC_MAX: usize = 64 << 20;
+
+/// One service as configured on one agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceConfig {
+    pub name: String,
+    pub framing: Framing,
+    pub target: Target,
+}
+
+/// A configuration mistake, said plainly.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid service {spec:?}: {reason}")]
+    Service { spec: String, reason: String },
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ServiceConfig {
+    /// Parses `NAME[:FRAMING]=TARGET`.
+    pub fn parse(spec: &str) -> Result<ServiceConfig, ConfigError> {
+        let err = |reason: String| ConfigError::Service {
+            spec: spec.to_string(),
+            reason,
+        };
+        let (left, target) = spec.split_once('=').ok_or_else(|| {
+            err("expected NAME[:FRAMING]=TARGET, as in openflow=punix:/run/of.sock".into())
+        })?;
+        let (name, framing) = match left.split_once(':') {
+            Some((name, f)) => (
+                name,
+                Framing::parse(f).ok_or_else(|| {
+                    err(format!(
+                        "unknown framing {f:?}; use openflow, jsonrpc or raw"
+                    ))
+                })?,
+            ),
+            None => (left, Self::implied_framing(left)),
+        };
+        validate_service_name(name).map_err(|e| err(e.to_string()))?;
+        let default_port = match framing {
+            Framing::OpenFlow => Some(6653),
+            Framing::JsonRpc => Some(6640),
+            Framing::Raw => None,
+        };
+        Ok(ServiceConfig {
+            name: name.to_string(),
+            framing,
+            target: Target::parse(target, default_port)?,
+        })
+    }
+
+    /// `openflow` and `ovsdb` imply their framing; other names are raw.
+    pub fn implied_framing(name: &str) -> Framing {
+        match name {
+            "openflow" => Framing::OpenFlow,
+            "ovsdb" => Framing::JsonRpc,
+            _ => Framing::Raw,
+        }
+    }
+
+    /// Which side opens this service's sessions, given the side this config is on.
+    pub fn opener(&self, on_switch: bool) -> Opener {
+        match (self.target.is_passive(), on_switch) {
+            (true, true) | (false, false) => Opener::Switch,
+            (true, false) | (false, true) => Opener::Controller,
+        }
+    }
+
+    /// The largest message accepted, given the agent-wide limit if one was set.
+    pub fn max_message(&self, limit: Option<usize>) -> usize {
+        match self.framing {
+            Framing::OpenFlow => limit
+                .unwrap_or(openflow::MAX_MESSAGE_LEN)
+                .min(openflow::MAX_MESSAGE_LEN),
+            Framing::JsonRpc => limit.unwrap_or(DEFAULT_JSONRPC_MAX),
+            Framing::Raw => usize::MAX,
+        }
+    }
+}
+
+/// Settings both agents share.
+#[derive(Debug, Clone)]
+pub struct CommonConfig {
+    pub tls: TlsFiles,
+    pub services: Vec<ServiceConfig>,
+    /// Stream mode for sessions this agent opens; the other side follows it.
+    pub streams: StreamMode,
+    pub quic: QuicOptions,
+    /// Agent-wide message size limit (OpenFlow is also capped at 65,535 by its format).
+    pub max_message: Option<usize>,
+    /// How long to wait for a local connection to the switch or controller.
+    pub local_connect_timeout: Duration,
+}
+
+impl CommonConfig {
+    fn validate(&self, on_switch: bool) -> Result<(), ConfigError> {
+        if self.services.is_empty() {
+            return Err(ConfigError::Invalid(
+                "no services configured: give at least one --service NAME=TARGET".into(),
+            ));
+        }
+        for (i, s) in self.services.iter().enumerate() {
+            if self.services[..i].iter().any(|o| o.name == s.name) {
+                return Err(ConfigError::Invalid(format!(
+                    "service {:?} is configured twice",
+                    s.name
+                )));
+            }
+            if !on_switch && s.target.is_passive() && !s.target.is_per_switch() {
+                return Err(ConfigError::Invalid(format!(
+                    "service {:?}: on the controller agent a listening target serves one switch at a time, \
+                     so it must be a punix: path containing {{switch}}, e.g. punix:/run/quicsdn/{{switch}}/{}.sock",
+                    s.name, s.name
+                )));
+            }
+        }
+        if self.max_message == Some(0) {
+            return Err(ConfigError::Invalid(
+                "--max-message-size must be positive".into(),
+            ));
+        }
+        if self.quic.keepalive >= self.quic.idle_timeout {
+            return Err(ConfigError::Invalid(format!(
+                "keepalive ({:?}) must be shorter than the idle timeout ({:?})",
+                self.quic.keepalive, self.quic.idle_timeout
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The switch agent's configuration.
+#[derive(Debug, Clone)]
+pub struct SwitchConfig {
+    /// The controller agent, `HOST:PORT`.
+    pub controller: String,
+    /// The name the controller's certificate must carry.
+    pub server_name: String,
+    /// Local UDP address to bind (port 0 picks one).
+    pub bind: Option<SocketAddr>,
+    /// Longest wait between reconnection attempts.
+    pub max_backoff: Duration,
+    pub common: CommonConfig,
+}
+
+impl SwitchConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.common.validate(true)?;
+        if self.max_backoff < Duration::from_millis(100) {
+            return Err(ConfigError::Invalid(
+                "--max-backoff must be at least 100ms".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The controller agent's configuration.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    pub listen: SocketAddr,
+    pub common: CommonConfig,
+}
+
+impl ControllerConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.common.validate(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_specs() {
+        let s = ServiceConfig::parse("openflow=punix:/run/of.sock").unwrap();
+        assert_eq!(
+            (s.name.as_str(), s.framing),
+            ("openflow", Framing::OpenFlow)
+        );
+        assert!(s.target.is_passive());
+        assert_eq!(s.opener(true), Opener::Switch);
+        let s = ServiceConfig::parse("ovsdb=tcp:127.0.0.1").unwrap();
+        assert_eq!(s.framing, Framing::JsonRpc);
+        assert_eq!(s.target.to_string(), "tcp:127.0.0.1:6640");
+        assert_eq!(s.opener(false), Opener::Switch);
+        assert_eq!(s.opener(true), Opener::Controller);
+        let s = ServiceConfig::parse("gauge:openflow=tcp:127.0.0.1:6654").unwrap();
+        assert_eq!((s.name.as_str(), s.framing), ("gauge", Framing::OpenFlow));
+        let s = ServiceConfig::parse("snmp=tcp:127.0.0.1:161").unwrap();
+        assert_eq!(s.framing, Framing::Raw);
+    }
+
+    #[test]
+    fn bad_service_specs_are_explained() {
+        for (spec, words) in [
+            ("openflow", "NAME[:FRAMING]=TARGET"),
+            ("x:json=tcp:1.2.3.4:1", "unknown framing"),
+            ("a/b=tcp:1.2.3.4:1", "letters, digits"),
+            ("snmp=tcp:1.2.3.4", "port is required"),
+        ] {
+            let e = ServiceConfig::parse(spec).unwrap_err().to_string();
+            assert!(e.contains(words), "{spec}: {e}");
+        }
+    }
+
+    #[test]
+    fn size_limits() {
+        let of = ServiceConfig::parse("openflow=ptcp:").unwrap();
+        assert_eq!(of.max_message(None), 65_535);
+        assert_eq!(of.max_message(Some(1 << 30)), 65_535);
+        assert_eq!(of.max_message(Some(100)), 100);
+        let db = ServiceConfig::parse("ovsdb=ptcp:").unwrap();
+        assert_eq!(db.max_message(None), DEFAULT_JSONRPC_MAX);
+    }
+
+    fn common(services: &[&str]) -> CommonConfig {
+        CommonConfig {
+            tls: TlsFiles {
+                ca: "/ca".into(),
+                cert: "/c".into(),
+                key: "/k".into(),
+            },
+            services: services
+                .iter()
+                .map(|s| ServiceConfig::parse(s).unwrap())
+                .collect(),
+            streams: StreamMode::Ordered,
+            quic: QuicOptions::default(),
+            max_message: None,
+            local_connect_timeout: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn controller_listeners_must_be_per_switch() {
+        let ok = ControllerConfig {
+            listen: "0.0.0.0:6653".parse().unwrap(),
+            common: common(&[
+                "openflow=tcp:127.0.0.1:6653",
+                "ovsdb=punix:/run/q/{switch}.sock",
+            ]),
+        };
+        ok.validate().unwrap();
+        let bad = ControllerConfig {
+            common: common(&["ovsdb=ptcp:6640"]),
+            ..ok.clone()
+        };
+        assert!(bad.validate().unwrap_err().to_string().contains("{switch}"));
+        let dup = ControllerConfig {
+            common: common(&["openflow=tcp:127.0.0.1:1", "openflow=tcp:127.0.0.1:2"]),
+            ..ok
+        };
+        assert!(dup.validate().unwrap_err().to_string().contains("twice"));
+    }
+}

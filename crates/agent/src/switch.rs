@@ -1,0 +1,309 @@
+//! The switch agent: beside an unmodified Open vSwitch, one QUIC connection to the
+//! controller agent.
+//!
+//! Liveness is kept truthful. While the QUIC connection is up, OVS's local
+//! connections are carried over it; when it is lost, every session's streams fail,
+//! so the agent closes OVS's connections and OVS sees the controller as gone, as it
+//! would with a direct TCP connection. A new local connection while the controller
+//! is unreachable triggers an immediate connection attempt and waits for its
+//! outcome only, so OVS's own reconnect backoff drives retries just as it would
+//! against an unreachable controller. In the background the agent also
+//! reconnects by itself with OVS-like exponential backoff and jitter (up to
+//! `max_backoff`, 8 s by default).
+
+use crate::config::SwitchConfig;
+use crate::link::Link;
+use crate::services::{Service, ServiceTable};
+use crate::{AgentError, Shutdown};
+use quicsdn_transport::backoff::Backoff;
+use quicsdn_transport::local::{LocalListener, LocalStream};
+use quicsdn_transport::target::Target;
+use quicsdn_transport::tls::Credentials;
+use quicsdn_transport::{identity, quic};
+use quicsdn_wire::preamble::{Opener, code};
+use quinn::{Endpoint, VarInt};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinSet;
+use tracing::{info, warn};
+
+/// The connection to the controller agent, as the rest of the agent sees it.
+#[derive(Clone)]
+enum LinkState {
+    /// Not connected and not trying right now (waiting out a backoff).
+    Down,
+    /// A connection attempt is under way.
+    Connecting,
+    Up(Arc<Link>),
+}
+
+struct Inner {
+    config: SwitchConfig,
+    identity: Arc<str>,
+    services: Arc<ServiceTable>,
+    endpoint: Endpoint,
+    state: watch::Sender<LinkState>,
+    /// Asks the connection manager to try now instead of waiting out its backoff.
+    kick: Notify,
+}
+
+/// A running switch agent.
+pub struct SwitchAgent {
+    inner: Arc<Inner>,
+    shutdown: Shutdown,
+    tasks: JoinSet<()>,
+    listeners: Vec<(String, Target)>,
+}
+
+impl SwitchAgent {
+    /// Loads credentials, binds the local listeners and starts connecting. Errors
+    /// here are configuration errors: nothing is left running.
+    pub async fn start(config: SwitchConfig) -> Result<SwitchAgent, AgentError> {
+        config.validate()?;
+        let creds = Credentials::load(&config.common.tls)?;
+        crate::warn_if_expiring(&creds);
+        let identity: Arc<str> = creds.identity.clone().into();
+        let services = Arc::new(ServiceTable::new(&config.common, Opener::Switch));
+        let mut bound = Vec::new();
+        for service in services.opened_here() {
+            let target = service.target.for_switch(&identity);
+            let listener = LocalListener::bind(&target)
+                .await
+                .map_err(|e| AgentError::Listen {
+                    service: service.name.clone(),
+                    target: target.to_string(),
+                    reason: e.to_string(),
+                })?;
+            bound.push((service.clone(), listener));
+        }
+        let bind = match config.bind {
+            Some(b) => b,
+            // Pick the unspecified address of the family the controller is likely in;
+            // a literal IPv6 controller address needs an IPv6 socket.
+            None if config.controller.starts_with('[') => {
+                SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0)
+            }
+            None => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+        };
+        let endpoint = quic::client_endpoint(bind, &creds, &config.common.quic)?;
+        let (state, _) = watch::channel(LinkState::Down);
+        let inner = Arc::new(Inner {
+            config,
+            identity,
+            services,
+            endpoint,
+            state,
+            kick: Notify::new(),
+        });
+        let shutdown = Shutdown::new();
+        let mut tasks = JoinSet::new();
+        let mut listeners = Vec::new();
+        for (service, listener) in bound {
+            let actual = listener.local_target();
+            info!(switch = %inner.identity, service = %service.name, listen = %actual, "waiting for OVS");
+            listeners.push((service.name.clone(), actual));
+            tasks.spawn(accept_local(
+                inner.clone(),
+                service,
+                listener,
+                shutdown.clone(),
+            ));
+        }
+        tasks.spawn(manage_connection(inner.clone(), shutdown.clone()));
+        Ok(SwitchAgent {
+            inner,
+            shutdown,
+            tasks,
+            listeners,
+        })
+    }
+
+    /// This agent's identity, from its certificate.
+    pub fn identity(&self) -> &str {
+        &self.inner.identity
+    }
+
+    /// Where each locally listening service actually listens.
+    pub fn listeners(&self) -> &[(String, Target)] {
+        &self.listeners
+    }
+
+    /// The local UDP address of the QUIC endpoint.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.endpoint.local_addr()
+    }
+
+    /// True while connected to the controller agent.
+    pub fn is_connected(&self) -> bool {
+        matches!(&*self.inner.state.borrow(), LinkState::Up(l) if l.is_alive())
+    }
+
+    /// Waits until connected, or `timeout` passes; true if connected.
+    pub async fn wait_connected(&self, timeout: Duration) -> bool {
+        let mut rx = self.inner.state.subscribe();
+        tokio::time::timeout(timeout, async {
+            loop {
+                if matches!(&*rx.borrow_and_update(), LinkState::Up(l) if l.is_alive()) {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        })
+        .await
+        .is_ok()
+    }
+
+    /// Closes the QUIC connection (telling the controller agent why), stops
+    /// listening and removes socket files.
+    pub async fn shutdown(mut self) {
+        self.shutdown.trigger();
+        self.inner.endpoint.close(
+            VarInt::from_u32(code::SHUTDOWN),
+            b"switch agent shutting down",
+        );
+        while self.tasks.join_next().await.is_some() {}
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
+    }
+}
+
+async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
+    let cfg = &inner.config;
+    let mut backoff = Backoff::new(Duration::from_secs(1), cfg.max_backoff);
+    loop {
+        inner.state.send_replace(LinkState::Connecting);
+        let attempt = tokio::select! {
+            r = connect_once(&inner) => r,
+            _ = shutdown.wait() => return,
+        };
+        match attempt {
+            Ok(conn) => {
+                backoff.reset();
+                let controller = identity::of_connection(&conn).unwrap_or_else(|| "?".into());
+                info!(
+                    switch = %inner.identity, controller = %controller, remote = %conn.remote_address(),
+                    "connected to the controller agent"
+                );
+                let link = Link::new(
+                    conn,
+                    inner.identity.clone(),
+                    inner.services.clone(),
+                    cfg.common.streams,
+                    cfg.common.local_connect_timeout,
+                );
+                inner.state.send_replace(LinkState::Up(link.clone()));
+                let started = tokio::time::Instant::now();
+                let reason = tokio::select! {
+                    r = link.serve() => r,
+                    _ = shutdown.wait() => return,
+                };
+                inner.state.send_replace(LinkState::Down);
+                warn!(
+                    switch = %inner.identity,
+                    "connection to the controller agent lost ({reason}); closing OVS's connections"
+                );
+                // Reconnect at once after a connection that lived a while; a
+                // connection dropped straight after its handshake waits like a failure.
+                if started.elapsed() > Duration::from_secs(2) {
+                    continue;
+                }
+            }
+            Err(e) => {
+                inner.state.send_replace(LinkState::Down);
+                warn!(switch = %inner.identity, "cannot connect to the controller agent at {}: {e}", cfg.controller);
+            }
+        }
+        let delay = backoff.next_delay(rand::random::<f64>());
+        info!(switch = %inner.identity, "next connection attempt in {:.1}s", delay.as_secs_f64());
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = inner.kick.notified() => {}
+            _ = shutdown.wait() => return,
+        }
+    }
+}
+
+async fn connect_once(inner: &Inner) -> Result<quinn::Connection, String> {
+    let cfg = &inner.config;
+    let addr = tokio::net::lookup_host(cfg.controller.as_str())
+        .await
+        .map_err(|e| format!("cannot resolve {}: {e}", cfg.controller))?
+        .next()
+        .ok_or_else(|| format!("{} resolves to no address", cfg.controller))?;
+    let connecting = inner
+        .endpoint
+        .connect(addr, &cfg.server_name)
+        .map_err(|e| format!("cannot start a connection to {addr}: {e}"))?;
+    match tokio::time::timeout(cfg.common.quic.idle_timeout, connecting).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(format!("handshake with {addr} failed: {e}")),
+        Err(_) => Err(format!(
+            "no handshake with {addr} within {:?}",
+            cfg.common.quic.idle_timeout
+        )),
+    }
+}
+
+async fn accept_local(
+    inner: Arc<Inner>,
+    service: Arc<Service>,
+    listener: LocalListener,
+    shutdown: Shutdown,
+) {
+    let mut sessions = JoinSet::new();
+    loop {
+        let local = tokio::select! {
+            r = listener.accept() => r,
+            _ = shutdown.wait() => break,
+            // Reap finished sessions so the set does not grow.
+            Some(_) = sessions.join_next(), if !sessions.is_empty() => continue,
+        };
+        match local {
+            Ok(local) => {
+                sessions.spawn(new_session(inner.clone(), service.clone(), local));
+            }
+            Err(e) => {
+                // Typically EMFILE: wait a little rather than spin.
+                warn!(switch = %inner.identity, service = %service.name, "accepting a local connection failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    sessions.shutdown().await;
+}
+
+async fn new_session(inner: Arc<Inner>, service: Arc<Service>, local: LocalStream) {
+    match link_for_session(&inner).await {
+        Some(link) => link.open_session(service, local).await,
+        None => info!(
+            switch = %inner.identity, service = %service.name,
+            "OVS connected but the controller agent is unreachable; closing OVS's connection"
+        ),
+    }
+}
+
+/// The live link, waiting at most for one connection attempt (started now if the
+/// manager is waiting out a backoff).
+async fn link_for_session(inner: &Inner) -> Option<Arc<Link>> {
+    let mut rx = inner.state.subscribe();
+    let mut saw_attempt = false;
+    let wait = async {
+        loop {
+            match &*rx.borrow_and_update() {
+                LinkState::Up(link) if link.is_alive() => return Some(link.clone()),
+                LinkState::Up(_) => {}
+                LinkState::Connecting => saw_attempt = true,
+                LinkState::Down if saw_attempt => return None,
+                LinkState::Down => inner.kick.notify_one(),
+            }
+            if rx.changed().await.is_err() {
+                return None;
+            }
+        }
+    };
+    let limit = inner.config.common.quic.idle_timeout + Duration::from_secs(1);
+    tokio::time::timeout(limit, wait).await.ok().flatten()
+}

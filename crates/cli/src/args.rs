@@ -1,0 +1,412 @@
+//! Command-line arguments and configuration files.
+//!
+//! Every agent setting can be given as a flag or, under the same name, in a TOML
+//! file passed with `--config` (`server-name = "ctl"`, `service = ["openflow=…"]`).
+//! A flag given on the command line wins over the file; `--service` flags replace
+//! the file's list.
+
+use crate::units::{parse_duration, parse_size};
+use anyhow::{Context, Result, anyhow, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use quicsdn_agent::config::{CommonConfig, ControllerConfig, ServiceConfig, SwitchConfig};
+use quicsdn_lanes::StreamMode;
+use quicsdn_transport::quic::QuicOptions;
+use quicsdn_transport::tls::TlsFiles;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "quicsdn",
+    version,
+    about = "QUIC southbound for SDN: carries OpenFlow, OVSDB and other switch services between an \
+             unmodified Open vSwitch and an unmodified controller over one mutually-authenticated QUIC \
+             connection per switch.",
+    after_help = "Run `quicsdn <COMMAND> --help` for each command's options. Targets use Open vSwitch's \
+                  syntax: tcp:IP:PORT, unix:PATH (connect) and ptcp:PORT[:IP], punix:PATH (listen)."
+)]
+pub struct Cli {
+    /// Log filter: a level (error, warn, info, debug, trace) or tracing directives
+    /// such as `info,quicsdn_agent=debug`. Also `log-level` in the config file.
+    #[arg(long, global = true, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    /// Log line format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create a CA and issue certificates for agents.
+    #[command(subcommand)]
+    Pki(PkiCommand),
+    /// Run the switch agent, beside Open vSwitch.
+    Switch(SwitchArgs),
+    /// Run the controller agent, beside the controller.
+    Controller(ControllerArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PkiCommand {
+    /// Write DIR/ca.crt and DIR/ca.key (never overwrites).
+    Init {
+        #[arg(long, value_name = "DIR")]
+        dir: PathBuf,
+        /// The CA's common name.
+        #[arg(long, default_value = "quicsdn CA")]
+        name: String,
+        /// Validity in days.
+        #[arg(long, default_value_t = 3650)]
+        days: u32,
+    },
+    /// Write DIR/NAME.crt and DIR/NAME.key signed by DIR's CA, with NAME as DNS
+    /// subject-alternative name and common name (never overwrites).
+    Issue {
+        #[arg(long, value_name = "DIR")]
+        dir: PathBuf,
+        /// The agent's identity, e.g. the switch's name or the controller's host name.
+        #[arg(long)]
+        name: String,
+        /// Also certify this IP address (repeatable), for switches that connect by IP
+        /// without --server-name.
+        #[arg(long = "ip", value_name = "IP")]
+        ips: Vec<std::net::IpAddr>,
+        /// Validity in days.
+        #[arg(long, default_value_t = 825)]
+        days: u32,
+    },
+}
+
+/// Settings both agents take.
+#[derive(Args, Debug, Default)]
+pub struct CommonArgs {
+    /// TOML file with any of these settings, under the same names.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// CA certificate (PEM) that the peer agent's certificate must chain to.
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// This agent's certificate (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// This agent's private key (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// A service, NAME[:FRAMING]=TARGET (repeatable). `openflow` and `ovsdb` imply
+    /// their framing; other names are raw unless FRAMING (openflow, jsonrpc, raw) is
+    /// given. A listening target (ptcp:, punix:) makes this side accept the local
+    /// connections; the other agent must then connect (tcp:, unix:).
+    #[arg(long = "service", value_name = "SPEC")]
+    pub services: Vec<String>,
+    /// Stream mode for sessions this agent opens: `ordered` (one stream per
+    /// connection, in order) or `rr:N` (round robin over N streams; NOT
+    /// order-preserving, for reproducing the quicSDN paper only). [default: ordered]
+    #[arg(long, value_name = "MODE")]
+    pub streams: Option<String>,
+    /// Send a QUIC PING after this long idle. [default: 2s]
+    #[arg(long, value_name = "DURATION")]
+    pub keepalive: Option<String>,
+    /// Consider the peer dead after this long without hearing from it. [default: 6s]
+    #[arg(long, value_name = "DURATION")]
+    pub idle_timeout: Option<String>,
+    /// Largest message accepted from a local peer, e.g. 16M; larger ones close that
+    /// connection. OpenFlow is capped at 65535 by its format. [default: 64M for
+    /// JSON-RPC]
+    #[arg(long, value_name = "BYTES")]
+    pub max_message_size: Option<String>,
+    /// How long to wait for the local switch or controller to accept a connection.
+    /// [default: 5s]
+    #[arg(long, value_name = "DURATION")]
+    pub local_connect_timeout: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct SwitchArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// The controller agent, HOST:PORT (UDP).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub controller: Option<String>,
+    /// Name the controller agent's certificate must carry. [default: the host of
+    /// --controller]
+    #[arg(long, value_name = "NAME")]
+    pub server_name: Option<String>,
+    /// Local UDP address to send from. [default: any address, any port]
+    #[arg(long, value_name = "IP:PORT")]
+    pub bind: Option<SocketAddr>,
+    /// Longest wait between reconnection attempts (Open vSwitch's default is 8s).
+    /// [default: 8s]
+    #[arg(long, value_name = "DURATION")]
+    pub max_backoff: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ControllerArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// UDP address to accept switch agents on. [default: 0.0.0.0:6653]
+    #[arg(long, value_name = "IP:PORT")]
+    pub listen: Option<SocketAddr>,
+}
+
+/// A configuration file: the flags' long names as keys.
+#[derive(Deserialize, Debug, Default)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct FileConfig {
+    pub log_level: Option<String>,
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub service: Option<Vec<String>>,
+    pub streams: Option<String>,
+    pub keepalive: Option<String>,
+    pub idle_timeout: Option<String>,
+    pub max_message_size: Option<String>,
+    pub local_connect_timeout: Option<String>,
+    // Switch agent only.
+    pub controller: Option<String>,
+    pub server_name: Option<String>,
+    pub bind: Option<SocketAddr>,
+    pub max_backoff: Option<String>,
+    // Controller agent only.
+    pub listen: Option<SocketAddr>,
+}
+
+impl FileConfig {
+    pub fn load(path: Option<&Path>) -> Result<FileConfig> {
+        let Some(path) = path else {
+            return Ok(FileConfig::default());
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        toml::from_str(&text).map_err(|e| anyhow!("{}: {e}", path.display()))
+    }
+}
+
+fn required<T>(cli: Option<T>, file: Option<T>, flag: &str) -> Result<T> {
+    cli.or(file)
+        .ok_or_else(|| anyhow!("--{flag} is required (or `{flag}` in the --config file)"))
+}
+
+fn duration(
+    cli: Option<String>,
+    file: Option<String>,
+    flag: &str,
+    default: Duration,
+) -> Result<Duration> {
+    match cli.or(file) {
+        Some(s) => parse_duration(&s).map_err(|e| anyhow!("--{flag}: {e}")),
+        None => Ok(default),
+    }
+}
+
+fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
+    let services = if args.services.is_empty() {
+        file.service.take().unwrap_or_default()
+    } else {
+        args.services
+    };
+    let services = services
+        .iter()
+        .map(|s| ServiceConfig::parse(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let streams: StreamMode = match args.streams.or(file.streams.take()) {
+        Some(s) => s.parse()?,
+        None => StreamMode::Ordered,
+    };
+    let defaults = QuicOptions::default();
+    let quic = QuicOptions {
+        keepalive: duration(
+            args.keepalive,
+            file.keepalive.take(),
+            "keepalive",
+            defaults.keepalive,
+        )?,
+        idle_timeout: duration(
+            args.idle_timeout,
+            file.idle_timeout.take(),
+            "idle-timeout",
+            defaults.idle_timeout,
+        )?,
+        ..defaults
+    };
+    let max_message = match args.max_message_size.or(file.max_message_size.take()) {
+        Some(s) => Some(parse_size(&s).map_err(|e| anyhow!("--max-message-size: {e}"))?),
+        None => None,
+    };
+    Ok(CommonConfig {
+        tls: TlsFiles {
+            ca: required(args.ca, file.ca.take(), "ca")?,
+            cert: required(args.cert, file.cert.take(), "cert")?,
+            key: required(args.key, file.key.take(), "key")?,
+        },
+        services,
+        streams,
+        quic,
+        max_message,
+        local_connect_timeout: duration(
+            args.local_connect_timeout,
+            file.local_connect_timeout.take(),
+            "local-connect-timeout",
+            Duration::from_secs(5),
+        )?,
+    })
+}
+
+/// The host part of `HOST:PORT` / `[V6]:PORT`.
+fn host_of(addr: &str) -> &str {
+    if let Some(rest) = addr.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    addr.rsplit_once(':').map_or(addr, |(h, _)| h)
+}
+
+impl SwitchArgs {
+    pub fn resolve(self, mut file: FileConfig) -> Result<SwitchConfig> {
+        if file.listen.is_some() {
+            bail!("`listen` is a controller agent setting; the switch agent takes `controller`");
+        }
+        let controller = required(self.controller, file.controller.take(), "controller")?;
+        if !controller.contains(':') {
+            bail!("--controller {controller:?}: expected HOST:PORT, e.g. 192.0.2.1:6653");
+        }
+        let server_name = self
+            .server_name
+            .or(file.server_name.take())
+            .unwrap_or_else(|| host_of(&controller).to_string());
+        let max_backoff = duration(
+            self.max_backoff,
+            file.max_backoff.take(),
+            "max-backoff",
+            Duration::from_secs(8),
+        )?;
+        let bind = self.bind.or(file.bind.take());
+        Ok(SwitchConfig {
+            controller,
+            server_name,
+            bind,
+            max_backoff,
+            common: common(self.common, &mut file)?,
+        })
+    }
+}
+
+impl ControllerArgs {
+    pub fn resolve(self, mut file: FileConfig) -> Result<ControllerConfig> {
+        if file.controller.is_some()
+            || file.server_name.is_some()
+            || file.bind.is_some()
+            || file.max_backoff.is_some()
+        {
+            bail!(
+                "`controller`, `server-name`, `bind` and `max-backoff` are switch agent settings"
+            );
+        }
+        let listen = self
+            .listen
+            .or(file.listen.take())
+            .unwrap_or_else(|| "0.0.0.0:6653".parse().expect("valid default"));
+        Ok(ControllerConfig {
+            listen,
+            common: common(self.common, &mut file)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("quicsdn").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn the_documented_switch_command_line_resolves() {
+        let cli = parse(&[
+            "switch",
+            "--controller",
+            "192.0.2.1:6653",
+            "--server-name",
+            "ctl",
+            "--ca",
+            "/p/ca.crt",
+            "--cert",
+            "/p/sw1.crt",
+            "--key",
+            "/p/sw1.key",
+            "--service",
+            "openflow=punix:/var/run/openvswitch/quicsdn-openflow.sock",
+            "--service",
+            "ovsdb=ptcp:6640:127.0.0.1",
+        ]);
+        let Command::Switch(args) = cli.command else {
+            panic!()
+        };
+        let cfg = args.resolve(FileConfig::default()).unwrap();
+        assert_eq!(cfg.server_name, "ctl");
+        assert_eq!(cfg.common.services.len(), 2);
+        assert_eq!(cfg.common.streams, StreamMode::Ordered);
+        assert_eq!(cfg.max_backoff, Duration::from_secs(8));
+    }
+
+    #[test]
+    fn config_file_fills_in_and_flags_win() {
+        let file: FileConfig = toml::from_str(
+            r#"
+            controller = "[2001:db8::1]:6653"
+            ca = "/f/ca.crt"
+            cert = "/f/c.crt"
+            key = "/f/c.key"
+            service = ["openflow=ptcp:6653"]
+            streams = "rr:16"
+            idle-timeout = "9s"
+            "#,
+        )
+        .unwrap();
+        let cli = parse(&["switch", "--streams", "ordered", "--cert", "/cli/c.crt"]);
+        let Command::Switch(args) = cli.command else {
+            panic!()
+        };
+        let cfg = args.resolve(file).unwrap();
+        assert_eq!(cfg.server_name, "2001:db8::1");
+        assert_eq!(cfg.common.streams, StreamMode::Ordered);
+        assert_eq!(cfg.common.tls.cert, PathBuf::from("/cli/c.crt"));
+        assert_eq!(cfg.common.tls.ca, PathBuf::from("/f/ca.crt"));
+        assert_eq!(cfg.common.quic.idle_timeout, Duration::from_secs(9));
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let e = toml::from_str::<FileConfig>("colour = 1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("colour"), "{e}");
+        let cli = parse(&["controller", "--ca", "/a", "--cert", "/b"]);
+        let Command::Controller(args) = cli.command else {
+            panic!()
+        };
+        let e = args.resolve(FileConfig::default()).unwrap_err().to_string();
+        assert!(e.contains("--key is required"), "{e}");
+        let cli = parse(&["switch", "--controller", "ctl"]);
+        let Command::Switch(args) = cli.command else {
+            panic!()
+        };
+        assert!(
+            args.resolve(FileConfig::default())
+                .unwrap_err()
+                .to_string()
+                .contains("HOST:PORT")
+        );
+    }
+}

@@ -84,11 +84,8 @@ impl Link {
     }
 
     /// Serves streams the peer opens until the connection closes, and returns why
-    /// it closed. The switch agent also sends its hello here.
+    /// it closed.
     pub async fn serve(self: Arc<Self>) -> quinn::ConnectionError {
-        if self.on_switch() {
-            tokio::spawn(self.clone().hello_as_client());
-        }
         loop {
             match self.conn.accept_bi().await {
                 Ok((send, recv)) => {
@@ -137,29 +134,38 @@ impl Link {
         session::run(self.info(&service, id), local, opened).await;
     }
 
-    async fn hello_as_client(self: Arc<Self>) {
+    /// The switch agent's side of the hello exchange: sends ours, waits for the
+    /// controller agent's, and logs any service mismatch.
+    ///
+    /// The answer also proves the controller agent accepted our certificate: in TLS
+    /// 1.3 the client finishes its handshake before the server has verified the
+    /// client's certificate (RFC 8446 §4.4.2–§4.4.4), and a server that rejects it
+    /// only closes the connection afterwards. A connection only counts as up once
+    /// the peer has spoken on it.
+    pub async fn hello_as_client(&self) -> Result<Hello, String> {
         let hello = self.services.hello(self.mode);
-        let result = async {
+        let exchange = async {
             let (mut send, mut recv) = self.conn.open_bi().await.map_err(|e| e.to_string())?;
             send.write_all(&hello.encode())
                 .await
                 .map_err(|e| e.to_string())?;
             let _ = send.finish();
-            let (start, _) = read_start(&mut recv).await?;
-            match start {
-                StreamStart::Control(theirs) => Ok(theirs),
-                StreamStart::Lane(_) => {
+            match read_start(&mut recv).await? {
+                (StreamStart::Control(theirs), _) => Ok(theirs),
+                (StreamStart::Lane(_), _) => {
                     Err("the peer answered the hello with a lane preamble".to_string())
                 }
             }
+        };
+        let result = exchange.await.map_err(|e| match self.conn.close_reason() {
+            // The connection's own close reason says more than the stream error.
+            Some(reason) => reason.to_string(),
+            None => e,
+        });
+        if let Ok(theirs) = &result {
+            self.check_hello(theirs);
         }
-        .await;
-        match result {
-            Ok(theirs) => self.check_hello(&theirs),
-            Err(e) => {
-                warn!(switch = %self.switch, "hello exchange with the controller agent failed: {e}")
-            }
-        }
+        result
     }
 
     fn check_hello(&self, theirs: &Hello) {

@@ -69,15 +69,26 @@ enum End {
 }
 
 impl End {
-    /// The error code to abort the other direction with, if this end is a failure.
+    /// The error code to abort the other direction with, if this end should stop
+    /// the whole session.
+    ///
+    /// A peer's STOP_SENDING only says it wants no more data from us; the data it
+    /// sent us is still delivered, so it does not abort our receiving direction
+    /// (RFC 9000 §3.5: STOP_SENDING concerns the sending part only). A local peer
+    /// that closed mid-message has closed; what it sent before is delivered.
     fn abort_code(&self) -> Option<u32> {
         match self {
-            End::Finished | End::Aborted => None,
-            End::LocalMalformed(_) | End::LocalTruncated(_) => Some(code::MALFORMED_MESSAGE),
+            End::Finished | End::Aborted | End::LocalTruncated(_) | End::RemoteStopped(_) => None,
+            End::LocalMalformed(_) => Some(code::MALFORMED_MESSAGE),
             End::RemoteMalformed(_) => Some(code::PROTOCOL_VIOLATION),
             End::LocalIo(_) | End::ConnectionLost(_) => Some(code::LOCAL_ABORT),
-            End::RemoteStopped(c) | End::RemoteReset(c) => Some(c.into_inner() as u32),
+            End::RemoteReset(c) => Some(c.into_inner() as u32),
         }
+    }
+
+    /// True when the session's closing log line should explain this end.
+    fn is_notable(&self) -> bool {
+        !matches!(self, End::Finished | End::Aborted)
     }
 }
 
@@ -173,9 +184,11 @@ pub async fn run(info: SessionInfo, local: LocalStream, lanes: Vec<Lane>) {
         };
         if let Some(c) = end.abort_code() {
             let _ = abort_tx.send(Some(c));
+        }
+        if end.is_notable() {
             first_failure.get_or_insert((direction, end));
-        } else if first_failure.is_none() && matches!(end, End::Finished) {
-            debug!(switch = %info.switch, service = %service.name, session = info.id, direction, "direction finished");
+        } else {
+            debug!(switch = %info.switch, service = %service.name, session = info.id, direction, "direction ended");
         }
     }
     log_end(&info, first_failure, counts);
@@ -225,6 +238,12 @@ fn log_end(info: &SessionInfo, failure: Option<(&'static str, End)>, c: Counts) 
     debug!(%switch, %service, session, ?counts, "session counters");
 }
 
+fn finish_all(sends: &mut [SendStream]) {
+    for s in sends {
+        let _ = s.finish();
+    }
+}
+
 /// Returns how it ended, and the messages and bytes it sent.
 async fn pump_out(
     rd: LocalRead,
@@ -263,22 +282,24 @@ async fn pump_out_inner(
             Ok(Ok(n)) => n,
         };
         if n == 0 {
+            // Whole messages already left; a trailing partial one is dropped, as the
+            // local peer abandoned it.
+            finish_all(&mut sends);
             let partial = outbound.partial_len();
-            if partial > 0 {
-                reset_all(&mut sends, code::MALFORMED_MESSAGE);
-                return End::LocalTruncated(partial);
-            }
-            for s in sends.iter_mut() {
-                let _ = s.finish();
-            }
-            return End::Finished;
+            return if partial > 0 {
+                End::LocalTruncated(partial)
+            } else {
+                End::Finished
+            };
         }
         loop {
             let batch = match outbound.next_batch() {
                 Ok(Some(b)) => b,
                 Ok(None) => break,
                 Err(e) => {
-                    reset_all(&mut sends, code::MALFORMED_MESSAGE);
+                    // Everything before the bad message has been sent: end the streams
+                    // cleanly so the peer delivers it, then close.
+                    finish_all(&mut sends);
                     return End::LocalMalformed(e);
                 }
             };

@@ -180,19 +180,12 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
             _ = shutdown.wait() => return,
         };
         match attempt {
-            Ok(conn) => {
+            Ok(link) => {
                 backoff.reset();
-                let controller = identity::of_connection(&conn).unwrap_or_else(|| "?".into());
+                let controller = identity::of_connection(&link.conn).unwrap_or_else(|| "?".into());
                 info!(
-                    switch = %inner.identity, controller = %controller, remote = %conn.remote_address(),
+                    switch = %inner.identity, controller = %controller, remote = %link.conn.remote_address(),
                     "connected to the controller agent"
-                );
-                let link = Link::new(
-                    conn,
-                    inner.identity.clone(),
-                    inner.services.clone(),
-                    cfg.common.streams,
-                    cfg.common.local_connect_timeout,
                 );
                 inner.state.send_replace(LinkState::Up(link.clone()));
                 let started = tokio::time::Instant::now();
@@ -226,7 +219,9 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
     }
 }
 
-async fn connect_once(inner: &Inner) -> Result<quinn::Connection, String> {
+/// One connection attempt: handshake, then the hello exchange that confirms the
+/// controller agent accepted us.
+async fn connect_once(inner: &Inner) -> Result<Arc<Link>, String> {
     let cfg = &inner.config;
     let addr = tokio::net::lookup_host(cfg.controller.as_str())
         .await
@@ -237,14 +232,26 @@ async fn connect_once(inner: &Inner) -> Result<quinn::Connection, String> {
         .endpoint
         .connect(addr, &cfg.server_name)
         .map_err(|e| format!("cannot start a connection to {addr}: {e}"))?;
-    match tokio::time::timeout(cfg.common.quic.idle_timeout, connecting).await {
-        Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(format!("handshake with {addr} failed: {e}")),
-        Err(_) => Err(format!(
-            "no handshake with {addr} within {:?}",
-            cfg.common.quic.idle_timeout
-        )),
-    }
+    let attempt = async {
+        let conn = connecting
+            .await
+            .map_err(|e| format!("handshake with {addr} failed: {e}"))?;
+        let link = Link::new(
+            conn,
+            inner.identity.clone(),
+            inner.services.clone(),
+            cfg.common.streams,
+            cfg.common.local_connect_timeout,
+        );
+        match link.hello_as_client().await {
+            Ok(_) => Ok(link),
+            Err(e) => Err(format!("{addr} closed the connection during setup: {e}")),
+        }
+    };
+    let limit = cfg.common.quic.idle_timeout;
+    tokio::time::timeout(limit, attempt)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer from {addr} within {limit:?}")))
 }
 
 async fn accept_local(

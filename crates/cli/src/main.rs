@@ -28,6 +28,7 @@ fn init_logging(level: &str, format: LogFormat) -> Result<()> {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false);
     match format {
         LogFormat::Text => builder.init(),

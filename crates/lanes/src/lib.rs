@@ -102,6 +102,9 @@ pub struct Outbound {
     buf: BytesMut,
     lanes: usize,
     next_lane: usize,
+    /// A framing error found after whole messages that are still to be sent; it is
+    /// reported once those have left.
+    failed: Option<FrameError>,
 }
 
 impl Outbound {
@@ -114,6 +117,7 @@ impl Outbound {
             buf: BytesMut::with_capacity(READ_CHUNK),
             lanes,
             next_lane: 0,
+            failed: None,
         }
     }
 
@@ -128,14 +132,31 @@ impl Outbound {
 
     /// The next batch to send, `None` when no whole message is buffered. With one
     /// lane, all buffered whole messages leave as one batch (one stream write).
+    ///
+    /// A malformed message is reported only after every whole message before it
+    /// has been returned, so the peer receives exactly what a TCP connection would
+    /// have delivered up to the fault.
     pub fn next_batch(&mut self) -> Result<Option<Batch>, FrameError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
         let mut len = 0;
         let mut messages = 0;
-        while let Some(n) = self.framer.next_message(&self.buf[len..])? {
-            len += n;
-            messages += 1;
-            if self.lanes > 1 {
-                break;
+        loop {
+            match self.framer.next_message(&self.buf[len..]) {
+                Ok(Some(n)) => {
+                    len += n;
+                    messages += 1;
+                    if self.lanes > 1 {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) if messages == 0 => return Err(e),
+                Err(e) => {
+                    self.failed = Some(e);
+                    break;
+                }
             }
         }
         if messages == 0 {
@@ -153,6 +174,9 @@ impl Outbound {
     /// Bytes buffered that do not yet form a whole message. At end of stream, a
     /// non-zero value means the local peer closed mid-message.
     pub fn partial_len(&self) -> usize {
+        if self.failed.is_some() {
+            return self.buf.len();
+        }
         if self.framer.is_partial(&self.buf) {
             self.buf.len()
         } else {

@@ -2,6 +2,7 @@
 
 use super::*;
 use proptest::prelude::*;
+use quicsdn_wire::FrameError;
 use quicsdn_wire::openflow;
 
 fn of_message(i: usize, body_len: usize) -> Vec<u8> {
@@ -147,6 +148,21 @@ fn raw_services_use_one_lane_and_forward_as_read() {
         out.next_batch().unwrap().unwrap().bytes,
         Bytes::from_static(b"de")
     );
+}
+
+#[test]
+fn messages_before_a_malformed_one_still_leave() {
+    let mut out = Outbound::new(Framing::OpenFlow, 65_535, 1);
+    let good = [of_message(1, 4), of_message(2, 4)].concat();
+    out.read_buf().extend_from_slice(&good);
+    out.read_buf().extend_from_slice(&[4, 0, 0, 3, 0, 0, 0, 0]);
+    let batch = out.next_batch().unwrap().unwrap();
+    assert_eq!((batch.messages, &batch.bytes[..]), (2, &good[..]));
+    assert!(matches!(
+        out.next_batch(),
+        Err(FrameError::OpenFlowLengthTooShort { length: 3, .. })
+    ));
+    assert!(out.next_batch().is_err(), "the error sticks");
 }
 
 #[test]

@@ -1,0 +1,320 @@
+//! Shared pieces of the agents' loopback integration tests: a throwaway PKI,
+//! agent configurations, synthetic OVS and controller endpoints, message
+//! generators and a log capture.
+
+#![allow(dead_code)] // Each test binary uses a different subset.
+
+use quicsdn_agent::config::{CommonConfig, ControllerConfig, ServiceConfig, SwitchConfig};
+use quicsdn_agent::{ControllerAgent, SwitchAgent};
+use quicsdn_lanes::StreamMode;
+use quicsdn_transport::Target;
+use quicsdn_transport::pki::{self, Validity};
+use quicsdn_transport::quic::QuicOptions;
+use quicsdn_transport::tls::TlsFiles;
+use quicsdn_wire::{Framer, Framing, openflow};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Upper bound for anything a test waits for; reaching it is a failure.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A CA in a temporary directory, with a controller certificate named `ctl`.
+pub struct Pki {
+    pub dir: tempfile::TempDir,
+}
+
+impl Pki {
+    pub fn new() -> Pki {
+        let dir = tempfile::tempdir().unwrap();
+        pki::init_ca(dir.path(), "test CA", Validity::days(1)).unwrap();
+        let p = Pki { dir };
+        p.issue("ctl");
+        p
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn issue(&self, name: &str) -> TlsFiles {
+        pki::issue(self.path(), name, &[], Validity::days(1)).unwrap();
+        self.files(name)
+    }
+
+    pub fn files(&self, name: &str) -> TlsFiles {
+        TlsFiles {
+            ca: self.path().join("ca.crt"),
+            cert: self.path().join(format!("{name}.crt")),
+            key: self.path().join(format!("{name}.key")),
+        }
+    }
+}
+
+pub fn common(tls: TlsFiles, services: &[String]) -> CommonConfig {
+    CommonConfig {
+        tls,
+        services: services
+            .iter()
+            .map(|s| ServiceConfig::parse(s).unwrap())
+            .collect(),
+        streams: StreamMode::Ordered,
+        quic: QuicOptions::default(),
+        max_message: None,
+        local_connect_timeout: Duration::from_secs(5),
+    }
+}
+
+pub fn controller_config(pki: &Pki, services: &[String]) -> ControllerConfig {
+    ControllerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        common: common(pki.files("ctl"), services),
+    }
+}
+
+pub fn switch_config(tls: TlsFiles, controller: SocketAddr, services: &[String]) -> SwitchConfig {
+    SwitchConfig {
+        controller: controller.to_string(),
+        server_name: "ctl".into(),
+        bind: Some("127.0.0.1:0".parse().unwrap()),
+        max_backoff: Duration::from_secs(1),
+        common: common(tls, services),
+    }
+}
+
+/// A synthetic controller: a TCP listener the controller agent dials.
+pub struct FakeController {
+    pub listener: TcpListener,
+}
+
+impl FakeController {
+    pub async fn new() -> FakeController {
+        FakeController {
+            listener: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        }
+    }
+
+    pub fn target(&self) -> String {
+        format!("tcp:{}", self.listener.local_addr().unwrap())
+    }
+
+    pub async fn accept(&self) -> TcpStream {
+        tokio::time::timeout(PATIENCE, self.listener.accept())
+            .await
+            .expect("the controller agent never connected")
+            .unwrap()
+            .0
+    }
+}
+
+/// The `ptcp:` port a switch agent listens on for `service`.
+pub fn listen_port(agent: &SwitchAgent, service: &str) -> u16 {
+    match agent.listeners().iter().find(|(s, _)| s == service) {
+        Some((_, Target::PTcp { port, .. })) => *port,
+        other => panic!("service {service} listens at {other:?}"),
+    }
+}
+
+/// Connects like OVS does to the switch agent's `ptcp:` listener for `service`.
+pub async fn ovs_connect(agent: &SwitchAgent, service: &str) -> TcpStream {
+    TcpStream::connect(("127.0.0.1", listen_port(agent, service)))
+        .await
+        .unwrap()
+}
+
+/// Starts a controller agent and one switch agent named `switch`, each with its
+/// services, and waits until they are connected.
+pub async fn pair(
+    pki: &Pki,
+    switch: &str,
+    controller_services: &[String],
+    switch_services: &[String],
+    tweak: impl FnOnce(&mut ControllerConfig, &mut SwitchConfig),
+) -> (ControllerAgent, SwitchAgent) {
+    let mut ccfg = controller_config(pki, controller_services);
+    let mut scfg = switch_config(
+        pki.issue(switch),
+        "127.0.0.1:1".parse().unwrap(),
+        switch_services,
+    );
+    tweak(&mut ccfg, &mut scfg);
+    let controller = ControllerAgent::start(ccfg).await.unwrap();
+    scfg.controller = controller.local_addr().unwrap().to_string();
+    let agent = SwitchAgent::start(scfg).await.unwrap();
+    assert!(
+        agent.wait_connected(PATIENCE).await,
+        "switch agent never connected"
+    );
+    (controller, agent)
+}
+
+/// Deterministic pseudo-random numbers (xorshift64*), so failures reproduce.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// `n` OpenFlow messages of assorted versions, types and sizes (8 to 3,000 bytes,
+/// with an occasional 65,535-byte one), each distinct.
+pub fn openflow_messages(seed: u64, n: usize) -> Vec<Vec<u8>> {
+    let mut rng = Rng::new(seed);
+    (0..n)
+        .map(|i| {
+            let version = [
+                openflow::OFP10_VERSION,
+                openflow::OFP13_VERSION,
+                openflow::OFP15_VERSION,
+            ][rng.below(3) as usize];
+            let body_len = if rng.below(500) == 0 {
+                openflow::MAX_MESSAGE_LEN - openflow::HEADER_LEN
+            } else {
+                rng.below(3000) as usize
+            };
+            let body: Vec<u8> = (0..body_len).map(|_| rng.next() as u8).collect();
+            openflow::message(version, rng.below(30) as u8, i as u32, &body)
+        })
+        .collect()
+}
+
+/// `n` JSON-RPC messages with nesting, escapes and braces inside strings.
+pub fn jsonrpc_messages(seed: u64, n: usize) -> Vec<Vec<u8>> {
+    let mut rng = Rng::new(seed);
+    (0..n)
+        .map(|i| {
+            let pad = "x".repeat(rng.below(2000) as usize);
+            format!(
+                r#"{{"id":{i},"method":"transact","params":["Open_vSwitch",{{"op":"insert","table":"Queue","row":{{"other_config":["map",[["s","}}{{ \"q\\\\ {pad}"]]],"n":[{},-1.5e3,true,null]}}}}]}}"#,
+                rng.next()
+            )
+            .into_bytes()
+        })
+        .collect()
+}
+
+/// Writes all messages, then keeps the write side open.
+pub async fn send_all(w: &mut (impl AsyncWrite + Unpin), messages: &[Vec<u8>]) {
+    for m in messages {
+        w.write_all(m).await.unwrap();
+    }
+    w.flush().await.unwrap();
+}
+
+/// Reads exactly `len` bytes or fails the test.
+pub async fn read_exact_len(r: &mut (impl AsyncRead + Unpin), len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    tokio::time::timeout(PATIENCE, r.read_exact(&mut buf))
+        .await
+        .expect("timed out reading")
+        .expect("read failed");
+    buf
+}
+
+/// Splits a byte stream into whole messages.
+pub fn split(framing: Framing, bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut framer = Framer::new(framing, usize::MAX);
+    let mut at = 0;
+    let mut out = Vec::new();
+    while let Some(n) = framer.next_message(&bytes[at..]).unwrap() {
+        out.push(bytes[at..at + n].to_vec());
+        at += n;
+    }
+    assert_eq!(at, bytes.len(), "trailing partial message");
+    out
+}
+
+/// Reads until the peer closes; `Ok(bytes)` on EOF, `Err` on reset.
+pub async fn read_to_close(r: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    tokio::time::timeout(PATIENCE, r.read_to_end(&mut out))
+        .await
+        .expect("the connection was never closed")?;
+    Ok(out)
+}
+
+/// Collects log output of the current thread (use with a current-thread runtime,
+/// so the agents' tasks log on the same thread).
+#[derive(Clone, Default)]
+pub struct LogCapture(Arc<Mutex<Vec<u8>>>);
+
+impl LogCapture {
+    pub fn install() -> (LogCapture, tracing::subscriber::DefaultGuard) {
+        let capture = LogCapture::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(capture.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        let guard = tracing::subscriber::set_default(subscriber);
+        (capture, guard)
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+
+    /// Lines containing every one of `words`.
+    pub fn lines_with(&self, words: &[&str]) -> Vec<String> {
+        self.text()
+            .lines()
+            .filter(|l| words.iter().all(|w| l.contains(w)))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Waits until a line with all of `words` is logged.
+    pub async fn wait_for(&self, words: &[&str]) -> String {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            if let Some(l) = self.lines_with(words).into_iter().next() {
+                return l;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no log line with {words:?}; log:\n{}",
+                self.text()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogCapture {
+    type Writer = LogCapture;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+/// A path for a per-switch socket under a temporary directory.
+pub fn socket_template(dir: &Path, service: &str) -> PathBuf {
+    dir.join("{switch}").join(format!("{service}.sock"))
+}

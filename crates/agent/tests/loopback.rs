@@ -355,7 +355,9 @@ async fn a_malformed_message_closes_only_its_own_session() {
     // message. Each is closed on both sides, with one log line saying why.
     let hello = openflow::message(4, 0, 7, &[]);
     let echo = br#"{"id":2,"method":"echo","params":[]}"#.to_vec();
-    let bad_inputs: [(&str, &FakeController, Vec<u8>, Vec<u8>, &str); 3] = [
+    // (service, controller, valid prefix, bad message, logged reason)
+    type BadInput<'a> = (&'a str, &'a FakeController, Vec<u8>, Vec<u8>, &'a str);
+    let bad_inputs: [BadInput; 3] = [
         (
             "openflow",
             &fake_of,

@@ -1,1 +1,2 @@
 //! quicsdn-lab
+pub mod bench;

@@ -1,0 +1,3 @@
+//! Benchmarks: commands that measure and print numbers (never tests).
+
+pub mod relay;

@@ -289,3 +289,69 @@ impl ControlLink {
 pub const EMULATOR_NOT_AVAILABLE: &str = "control-link impairment (--delay, --jitter, --loss, --rate) needs the link emulator, \
      which is not available yet in this build: control links are plain veth pairs. \
      Run without those options.";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("25ms").unwrap(), Duration::from_millis(25));
+        assert_eq!(
+            parse_duration("1.5ms").unwrap(),
+            Duration::from_micros(1500)
+        );
+        assert_eq!(parse_duration("500us").unwrap(), Duration::from_micros(500));
+        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
+        for bad in ["25", "ms", "25 parsecs", "-1ms", "1e3ms", "2h", ""] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn percents() {
+        assert_eq!(parse_percent("1%").unwrap(), 1.0);
+        assert_eq!(parse_percent("0.5%").unwrap(), 0.5);
+        for bad in ["1", "101%", "%", "x%"] {
+            assert!(parse_percent(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn rates() {
+        assert_eq!(parse_rate("100mbit").unwrap(), 100_000_000);
+        assert_eq!(parse_rate("1Gbit").unwrap(), 1_000_000_000);
+        assert_eq!(parse_rate("500kbit").unwrap(), 500_000);
+        assert_eq!(parse_rate("10mbps").unwrap(), 80_000_000);
+        for bad in ["100", "100mb", "0bit", "fast"] {
+            assert!(parse_rate(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn addresses_and_names() {
+        let s = ControlLinkSpec::new(3, "p-ctl", "p-sw3", Impairment::default());
+        assert_eq!(s.ctl_addr(), Ipv4Addr::new(10, 254, 3, 1));
+        assert_eq!(s.sw_addr(), Ipv4Addr::new(10, 254, 3, 2));
+        assert_eq!(s.ctl_ifname(), "sw3");
+        assert!(
+            ControlLinkSpec::new(251, "a", "b", Impairment::default())
+                .octet()
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn veth_refuses_impairment() {
+        let imp = Impairment {
+            delay: Some(Duration::from_millis(25)),
+            ..Impairment::default()
+        };
+        let err = ControlLink::create(
+            ControlLinkKind::Veth,
+            ControlLinkSpec::new(1, "a", "b", imp),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("emulator"), "{err}");
+    }
+}

@@ -307,3 +307,37 @@ pub fn start_controller(netns: &Netns, spec: &ControllerSpec) -> Result<RunningC
     }
     Ok(running)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_parse() {
+        for k in ControllerKind::ALL {
+            assert_eq!(k.as_str().parse::<ControllerKind>().unwrap(), k);
+        }
+        assert!("pox".parse::<ControllerKind>().is_err());
+    }
+
+    #[test]
+    fn faucet_yaml_lists_every_port_on_one_vlan() {
+        let y = faucet_config(&[
+            FaucetDp {
+                name: "sw1".into(),
+                dp_id: 1,
+                ports: vec![(1, "h1-1".into()), (1002, "sw2".into())],
+            },
+            FaucetDp {
+                name: "sw2".into(),
+                dp_id: 2,
+                ports: vec![(1, "h2-1".into()), (1001, "sw1".into())],
+            },
+        ]);
+        assert!(y.contains("vlans:\n  lab:\n    vid: 100\n"));
+        assert!(y.contains("  sw1:\n    dp_id: 1\n"));
+        assert!(y.contains("  sw2:\n    dp_id: 2\n"));
+        assert!(y.contains("      1002:\n        name: \"sw2\"\n        native_vlan: lab\n"));
+        assert_eq!(y.matches("native_vlan: lab").count(), 4);
+    }
+}

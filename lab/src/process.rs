@@ -139,3 +139,32 @@ pub fn log_tail(log: &Path, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_match_only_their_process() {
+        let me = ProcRecord::capture("test", std::process::id()).unwrap();
+        assert!(me.is_alive());
+        let reused = ProcRecord {
+            start_time: me.start_time + 1,
+            ..me.clone()
+        };
+        assert!(!reused.is_alive(), "a different start time must not match");
+    }
+
+    #[test]
+    fn terminate_stops_a_service() {
+        let dir = std::env::temp_dir().join(format!("qsdn-proc-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("sleep.log");
+        let p = spawn_service("sleep", Command::new("sleep").arg("60"), &log).unwrap();
+        assert!(p.is_alive());
+        p.terminate(Duration::from_secs(5)).unwrap();
+        assert!(!p.is_alive());
+        p.terminate(Duration::from_secs(5)).unwrap(); // idempotent
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

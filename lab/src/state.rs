@@ -232,3 +232,18 @@ impl StateStore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes() {
+        for ok in ["qsdn", "qsdnT1", "a", "abcdefghijkl"] {
+            check_prefix(ok).unwrap();
+        }
+        for bad in ["", "1abc", "q-s", "q/s", "abcdefghijklm", "qs dn"] {
+            assert!(check_prefix(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

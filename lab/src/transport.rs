@@ -78,3 +78,26 @@ impl FromStr for Transport {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets() {
+        let ip = Ipv4Addr::new(10, 254, 1, 1);
+        assert_eq!(
+            Transport::Tcp.ovs_target(ip, 6653).unwrap(),
+            "tcp:10.254.1.1:6653"
+        );
+        assert_eq!(
+            Transport::Tls.ovs_target(ip, 6653).unwrap(),
+            "ssl:10.254.1.1:6653"
+        );
+        let e = Transport::Quic.ovs_target(ip, 6653).unwrap_err();
+        assert!(e.to_string().contains("not available yet"));
+        assert!(Transport::Quic.check_available().is_err());
+        assert_eq!("tls".parse::<Transport>().unwrap(), Transport::Tls);
+        assert!("udp".parse::<Transport>().is_err());
+    }
+}

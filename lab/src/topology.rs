@@ -386,7 +386,7 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
         store.save(state)?;
     }
 
-    // Controller.
+    // Controller. (For `quic`, the controller agent starts after this, beside it.)
     if s.controller != ControllerKind::None {
         let tls = match &pki {
             Some(pki) => {
@@ -419,7 +419,8 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
         pki.issue("controller")?;
     }
 
-    // Point every switch at the controller.
+    // Point every switch at the controller. (For `quic`: start each switch
+    // agent here and make the target the agent's local listener.)
     for i in 1..=s.switches {
         let ovs = switch_ovs(state, i)?;
         if let Some(pki) = &pki {
@@ -705,9 +706,11 @@ impl LabStatus {
         let s = &self.settings;
         let mut o = String::new();
         let health = match &self.health {
-            Ok(()) if self.complete => "up".to_string(),
-            Ok(()) => "incomplete (an `up` is running or crashed)".to_string(),
-            Err(e) => format!("BROKEN: {e}"),
+            _ if !self.complete => {
+                "incomplete (an `up` is running or crashed; `down` removes it)".to_string()
+            }
+            Ok(()) => "up".to_string(),
+            Err(e) => format!("BROKEN: {e} (`down` removes it)"),
         };
         o += &format!("lab {}: {health}\n", self.prefix);
         o += &format!(

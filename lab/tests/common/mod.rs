@@ -17,9 +17,31 @@ use quicsdn_lab::topology::{self, LabConfig};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// Serialises the labs of one test binary (a failed test must not block the rest).
-pub fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+/// Held while a test runs its lab.
+pub struct Serial {
+    _file: std::fs::File,
+    _guard: MutexGuard<'static, ()>,
+}
+
+/// Serialises the tests' labs: within this test binary (a mutex; a failed
+/// test does not block the rest) and across processes (a flock), since the
+/// same suite may run from two checkouts at once and the prefixes are fixed.
+pub fn serial() -> Serial {
+    use std::os::unix::io::AsRawFd;
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    std::fs::create_dir_all(run_dir()).unwrap();
+    let file = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(run_dir().join("tests-qsdnT.lock"))
+        .unwrap();
+    // SAFETY: flock on a descriptor we own; released when `file` is dropped.
+    assert_eq!(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) }, 0);
+    Serial {
+        _file: file,
+        _guard: guard,
+    }
 }
 
 pub fn require_root() {

@@ -1,2 +1,36 @@
-//! quicsdn-lab
+//! `quicsdn-lab`: a one-command emulated SDN testbed on one Linux machine.
+//!
+//! Real Open vSwitch 3.1 instances (userspace datapath, one per network
+//! namespace), real controllers (os-ken, Ryu, Faucet) in their own namespace,
+//! hosts attached by veth, and one control link per switch. The building
+//! blocks are public so that tests (and the quicsdn agents' end-to-end tests)
+//! can assemble their own setups:
+//!
+//! * [`netns`]: create/delete namespaces, run commands inside, veth pairs, counters;
+//! * [`ovs`]: start an OVS instance inside a namespace and drive it with
+//!   `ovs-vsctl`/`ovs-ofctl`/`ovs-appctl`; bridges, ports, controllers;
+//! * [`host`]: attach a host namespace to a bridge; ping;
+//! * [`controller`]: run os-ken/Ryu/Faucet from their pinned venvs;
+//! * [`pki`]: a throw-away CA and certificates (openssl);
+//! * [`control_link`]: the switch-to-controller links (plain veth for now);
+//! * [`transport`]: `tcp`, `tls` (and the place for `quic`);
+//! * [`topology`]: `up`/`down`/`status` of a whole lab, recorded in [`state`];
+//! * [`process`], [`wait`], [`cmd`]: processes by recorded PID, bounded
+//!   polling, running tools with useful errors;
+//! * [`bench`]: benchmark commands (they print numbers; tests never time things).
+//!
+//! Everything here needs root.
+
 pub mod bench;
+pub mod cmd;
+pub mod control_link;
+pub mod controller;
+pub mod host;
+pub mod netns;
+pub mod ovs;
+pub mod pki;
+pub mod process;
+pub mod state;
+pub mod topology;
+pub mod transport;
+pub mod wait;

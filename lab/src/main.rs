@@ -1,24 +1,145 @@
+//! `quicsdn-lab up|down|status`: see `docs/lab.md`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+use quicsdn_lab::control_link::{parse_duration, parse_percent, parse_rate};
+use quicsdn_lab::controller::ControllerKind;
+use quicsdn_lab::state::DEFAULT_RUN_DIR;
+use quicsdn_lab::topology::{self, DEFAULT_PREFIX, DownOutcome, LabConfig, UpAction};
+use quicsdn_lab::transport::Transport;
+
 #[derive(Parser)]
+#[command(
+    name = "quicsdn-lab",
+    version,
+    about = "An emulated SDN testbed: Open vSwitch instances, a controller, hosts, control links (needs root)"
+)]
 struct Cli {
+    /// Name prefix of the lab's namespaces and state (labs with different prefixes coexist).
+    #[arg(long, global = true, default_value = DEFAULT_PREFIX)]
+    prefix: String,
+    /// Where labs record their state, OVS files and logs.
+    #[arg(long, global = true, env = "QUICSDN_LAB_RUN_DIR", default_value = DEFAULT_RUN_DIR)]
+    run_dir: PathBuf,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Build a lab (a no-op if the same lab is already up).
+    Up(UpArgs),
+    /// Remove everything a lab created, by recorded names and PIDs (idempotent).
+    Down,
+    /// Show what is up, link settings and counters.
+    Status {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a benchmark (prints numbers; needs release builds for meaningful ones).
     #[command(subcommand)]
     Bench(Bench),
 }
 
 #[derive(Subcommand)]
 enum Bench {
+    /// Agents against direct TCP on loopback: messages/s and latency.
     Relay(quicsdn_lab::bench::relay::RelayArgs),
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Command::Bench(Bench::Relay(a)) => quicsdn_lab::bench::relay::run(a),
+#[derive(clap::Args)]
+struct UpArgs {
+    /// Number of switches, connected in a line.
+    #[arg(long, default_value_t = 1)]
+    switches: u32,
+    /// Hosts attached to each switch.
+    #[arg(long, default_value_t = 2)]
+    hosts_per_switch: u32,
+    /// One-way delay of each control link, per direction (e.g. 25ms).
+    #[arg(long, value_parser = parse_duration)]
+    delay: Option<std::time::Duration>,
+    /// Delay jitter, per direction (e.g. 5ms).
+    #[arg(long, value_parser = parse_duration)]
+    jitter: Option<std::time::Duration>,
+    /// Random loss, per direction (e.g. 1%).
+    #[arg(long, value_parser = parse_percent)]
+    loss: Option<f64>,
+    /// Rate limit, per direction (e.g. 100mbit).
+    #[arg(long, value_parser = parse_rate)]
+    rate: Option<u64>,
+    /// tcp, tls or quic.
+    #[arg(long, default_value = "quic")]
+    transport: Transport,
+    /// osken, ryu, faucet or none.
+    #[arg(long, default_value = "osken")]
+    controller: ControllerKind,
+    /// OpenFlow port the controller listens on (in the controller namespace).
+    #[arg(long, default_value_t = 6653)]
+    openflow_port: u16,
+    /// Controller venvs directory (default: $QUICSDN_VENV_DIR or <repo>/.venv).
+    #[arg(long)]
+    venv_dir: Option<PathBuf>,
+    /// On failure, leave what was built in place for debugging.
+    #[arg(long)]
+    keep_on_error: bool,
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Up(a) => {
+            let mut cfg = LabConfig::new(&cli.prefix);
+            cfg.run_dir = cli.run_dir;
+            cfg.venv_dir = a.venv_dir;
+            cfg.keep_on_error = a.keep_on_error;
+            let s = &mut cfg.settings;
+            s.switches = a.switches;
+            s.hosts_per_switch = a.hosts_per_switch;
+            s.impairment.delay = a.delay;
+            s.impairment.jitter = a.jitter;
+            s.impairment.loss_percent = a.loss;
+            s.impairment.rate_bps = a.rate;
+            s.transport = a.transport;
+            s.controller = a.controller;
+            s.openflow_port = a.openflow_port;
+            let out = topology::up(&cfg)?;
+            let p = &cfg.prefix;
+            match out.action {
+                UpAction::Created => println!("lab {p} is up"),
+                UpAction::AlreadyUp => println!("lab {p} was already up with these settings"),
+                UpAction::Replaced { reason } => {
+                    println!("lab {p} is up (replaced the previous one: {reason})")
+                }
+            }
+            if let Some(st) = topology::status(&cfg.run_dir, p)? {
+                print!("{}", st.render());
+            }
+        }
+        Command::Down => match topology::down(&cli.run_dir, &cli.prefix)? {
+            DownOutcome::Removed => println!("lab {} removed", cli.prefix),
+            DownOutcome::NothingToDo => println!("no lab {} recorded; nothing to do", cli.prefix),
+        },
+        Command::Bench(Bench::Relay(a)) => quicsdn_lab::bench::relay::run(a)?,
+        Command::Status { json } => match topology::status(&cli.run_dir, &cli.prefix)? {
+            Some(st) if json => println!("{}", serde_json::to_string_pretty(&st)?),
+            Some(st) => print!("{}", st.render()),
+            None if json => println!("null"),
+            None => println!("no lab {} is up", cli.prefix),
+        },
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("quicsdn-lab: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }

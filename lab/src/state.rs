@@ -1,0 +1,249 @@
+//! The record of everything a lab created: `RUN_DIR/PREFIX/state.json`
+//! (default `RUN_DIR` = `/run/quicsdn-lab`).
+//!
+//! Contract: `up` writes each resource's name into the state **before**
+//! creating it, and each process's PID (with its start time) as soon as it
+//! runs, saving the file atomically after every step. So whatever point a run
+//! crashes at, `down` finds everything it has to remove by recorded name and
+//! PID. Nothing is ever found by pattern or killed by name.
+//!
+//! Every `up`/`down`/`status` of one prefix holds an exclusive lock
+//! (`RUN_DIR/PREFIX.lock`, flock) for its whole run, so concurrent commands
+//! for the same lab serialise; labs with different prefixes are independent.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::control_link::{ControlLink, Impairment};
+use crate::controller::{ControllerKind, RunningController};
+use crate::ovs::Ovs;
+use crate::transport::Transport;
+
+/// Default directory for lab state.
+pub const DEFAULT_RUN_DIR: &str = "/run/quicsdn-lab";
+
+/// Bumped when the state format changes incompatibly.
+pub const STATE_VERSION: u32 = 1;
+
+/// The settings a lab was brought up with (compared by a repeated `up`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LabSettings {
+    pub switches: u32,
+    pub hosts_per_switch: u32,
+    pub impairment: Impairment,
+    pub transport: Transport,
+    pub controller: ControllerKind,
+    pub openflow_port: u16,
+}
+
+/// A namespace the lab created (or was about to create).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NsRecord {
+    pub name: String,
+    /// nsfs inode once created; `None` if the run stopped before that.
+    pub inode: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwitchRecord {
+    /// `sw1`, …
+    pub name: String,
+    pub netns: String,
+    pub bridge: String,
+    pub datapath_id: u64,
+    /// `None` until OVS runs.
+    pub ovs: Option<Ovs>,
+    /// The OVS controller target, once set.
+    pub target: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostRecord {
+    /// `h1-1`, …
+    pub name: String,
+    pub netns: String,
+    pub switch: String,
+    pub ip: String,
+    pub cidr: String,
+    pub mac: String,
+    /// Port name on the switch (also its interface name there).
+    pub port: String,
+    pub ofport: u16,
+}
+
+/// A data link between two switches' bridges.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataLinkRecord {
+    pub a_switch: String,
+    pub a_port: String,
+    pub a_ofport: u16,
+    pub b_switch: String,
+    pub b_port: String,
+    pub b_ofport: u16,
+}
+
+/// Everything one lab created.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LabState {
+    pub version: u32,
+    pub prefix: String,
+    pub settings: LabSettings,
+    /// The lab's directory (OVS instances, logs, certificates, this file).
+    pub dir: PathBuf,
+    /// True once `up` finished.
+    pub complete: bool,
+    pub ctl_netns: String,
+    pub namespaces: Vec<NsRecord>,
+    pub switches: Vec<SwitchRecord>,
+    pub hosts: Vec<HostRecord>,
+    pub data_links: Vec<DataLinkRecord>,
+    pub control_links: Vec<ControlLink>,
+    pub controller: Option<RunningController>,
+    /// The lab's CA directory, for `tls`.
+    pub pki_dir: Option<PathBuf>,
+}
+
+/// Checks a lab prefix: a letter, then letters or digits, at most 12 in all
+/// (it names namespaces and directories, never interfaces).
+pub fn check_prefix(prefix: &str) -> Result<()> {
+    let ok = !prefix.is_empty()
+        && prefix.len() <= 12
+        && prefix.starts_with(|c: char| c.is_ascii_alphabetic())
+        && prefix.chars().all(|c| c.is_ascii_alphanumeric());
+    if !ok {
+        bail!("bad prefix {prefix:?}: a letter, then letters or digits, 12 characters at most");
+    }
+    Ok(())
+}
+
+/// The locked state of one prefix. Dropping it releases the lock.
+pub struct StateStore {
+    pub run_dir: PathBuf,
+    pub prefix: String,
+    lock: File,
+}
+
+impl StateStore {
+    /// Takes the prefix's lock (waiting for another command on the same lab).
+    pub fn lock(run_dir: &Path, prefix: &str) -> Result<StateStore> {
+        check_prefix(prefix)?;
+        std::fs::create_dir_all(run_dir)
+            .with_context(|| format!("cannot create {}", run_dir.display()))?;
+        let path = run_dir.join(format!("{prefix}.lock"));
+        loop {
+            let f = File::options()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .with_context(|| format!("cannot open {}", path.display()))?;
+            // SAFETY: flock on a file descriptor we own.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+                bail!(
+                    "cannot lock {}: {}",
+                    path.display(),
+                    std::io::Error::last_os_error()
+                );
+            }
+            // `down` deletes the lock file while holding it: if the file we locked
+            // is no longer the one at `path`, lock again.
+            let same = std::fs::metadata(&path)
+                .map(|m| m.ino() == f.metadata().map(|n| n.ino()).unwrap_or(0))
+                .unwrap_or(false);
+            if same {
+                return Ok(StateStore {
+                    run_dir: run_dir.to_path_buf(),
+                    prefix: prefix.to_string(),
+                    lock: f,
+                });
+            }
+        }
+    }
+
+    /// The lab's directory: `RUN_DIR/PREFIX`.
+    pub fn lab_dir(&self) -> PathBuf {
+        self.run_dir.join(&self.prefix)
+    }
+
+    pub fn state_path(&self) -> PathBuf {
+        self.lab_dir().join("state.json")
+    }
+
+    /// The recorded state, if any.
+    pub fn load(&self) -> Result<Option<LabState>> {
+        let path = self.state_path();
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        };
+        let state: LabState = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "cannot parse {} (written by another version of quicsdn-lab?)",
+                path.display()
+            )
+        })?;
+        if state.version != STATE_VERSION {
+            bail!(
+                "{} has state version {}, this quicsdn-lab reads {STATE_VERSION}",
+                path.display(),
+                state.version
+            );
+        }
+        Ok(Some(state))
+    }
+
+    /// Writes the state atomically (temporary file, fsync, rename).
+    pub fn save(&self, state: &LabState) -> Result<()> {
+        let dir = self.lab_dir();
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let tmp = dir.join("state.json.tmp");
+        let mut f = File::create(&tmp)?;
+        f.write_all(serde_json::to_string_pretty(state)?.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, self.state_path())
+            .with_context(|| format!("cannot write {}", self.state_path().display()))?;
+        Ok(())
+    }
+
+    /// Removes the lab's directory (state, logs, OVS files), keeping the lock.
+    pub fn remove_dir(&self) -> Result<()> {
+        let dir = self.lab_dir();
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)
+                .with_context(|| format!("cannot remove {}", dir.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the lab's directory and lock file (the lab is gone). Consumes
+    /// the store: the lock is released.
+    pub fn remove_all(self) -> Result<()> {
+        self.remove_dir()?;
+        let _ = std::fs::remove_file(self.run_dir.join(format!("{}.lock", self.prefix)));
+        drop(self.lock);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes() {
+        for ok in ["qsdn", "qsdnT1", "a", "abcdefghijkl"] {
+            check_prefix(ok).unwrap();
+        }
+        for bad in ["", "1abc", "q-s", "q/s", "abcdefghijklm", "qs dn"] {
+            assert!(check_prefix(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

@@ -1,0 +1,797 @@
+//! The lab's topology: `up`, `down`, `status`.
+//!
+//! For prefix `P` (default `qsdn`), `N` switches and `M` hosts per switch, [`up`] builds:
+//!
+//! * `P-ctl`: the controller namespace, running the controller (listening on
+//!   `0.0.0.0:6653` there);
+//! * `P-sw1` … `P-swN`: one namespace per switch, each with its own OVS
+//!   instance (directory `RUN_DIR/P/swI`) and bridge `br0` (userspace
+//!   datapath, OpenFlow 1.3, fail_mode secure, datapath id `I`);
+//! * `P-hI-J`: hosts, `eth0` = `10.0.I.J/16`, MAC `02:51:00:00:II:JJ`, on
+//!   port `hI-J` (OpenFlow port `J`) of switch `I`: one flat L2 segment;
+//! * data links `swI` ↔ `swI+1` (a line, so no L2 loop): in switch `I` the
+//!   port towards `I+1` is named `swI+1` with OpenFlow port 1002, the port
+//!   towards `I-1` is `swI-1` with OpenFlow port 1001;
+//! * one control link per switch to `P-ctl` (see [`crate::control_link`]),
+//!   and the switch's controller target over it (see [`crate::transport`]).
+//!
+//! `up` records every step in the state file first (see [`crate::state`]),
+//! and on failure removes what it built (unless `keep_on_error`). [`down`]
+//! removes everything recorded, by name and PID, also after a crashed run, and
+//! is idempotent. A repeated `up` with the same settings is a no-op when the
+//! lab is healthy; a crashed or broken lab is replaced; a healthy lab with
+//! different settings is an error (run `down` first).
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde::Serialize;
+
+use crate::cmd::require_root;
+use crate::control_link::{
+    ControlLink, ControlLinkCounters, ControlLinkKind, ControlLinkSpec, EMULATOR_NOT_AVAILABLE,
+    Impairment,
+};
+use crate::controller::{
+    ControllerKind, ControllerSpec, FaucetDp, TlsFiles, faucet_config, start_controller,
+};
+use crate::host::{HostSpec, attach_host};
+use crate::netns::{Netns, VethEnd, create_veth};
+use crate::ovs::{BridgeConfig, Ovs};
+use crate::pki::Pki;
+use crate::state::{
+    DataLinkRecord, HostRecord, LabSettings, LabState, NsRecord, STATE_VERSION, StateStore,
+    SwitchRecord, check_prefix,
+};
+use crate::transport::Transport;
+
+/// The default name prefix.
+pub const DEFAULT_PREFIX: &str = "qsdn";
+/// The bridge in every switch.
+pub const BRIDGE: &str = "br0";
+/// OpenFlow port of the data link towards the previous switch.
+pub const OFPORT_PREV: u16 = 1001;
+/// OpenFlow port of the data link towards the next switch.
+pub const OFPORT_NEXT: u16 = 1002;
+/// Upper bound on switches and on hosts per switch (they become address octets).
+pub const MAX_SWITCHES: u32 = 250;
+pub const MAX_HOSTS_PER_SWITCH: u32 = 250;
+
+/// `P-ctl`.
+pub fn ctl_netns(prefix: &str) -> String {
+    format!("{prefix}-ctl")
+}
+/// `P-swI`.
+pub fn switch_netns(prefix: &str, i: u32) -> String {
+    format!("{prefix}-sw{i}")
+}
+/// `P-hI-J`.
+pub fn host_netns(prefix: &str, i: u32, j: u32) -> String {
+    format!("{prefix}-h{i}-{j}")
+}
+/// `10.0.I.J`.
+pub fn host_ip(i: u32, j: u32) -> Ipv4Addr {
+    Ipv4Addr::new(10, 0, i as u8, j as u8)
+}
+/// `02:51:00:00:II:JJ` (locally administered, unicast).
+pub fn host_mac(i: u32, j: u32) -> String {
+    format!("02:51:00:00:{:02x}:{:02x}", i as u8, j as u8)
+}
+
+/// Everything `up` needs.
+#[derive(Debug, Clone)]
+pub struct LabConfig {
+    pub prefix: String,
+    /// State directory root (default `/run/quicsdn-lab`).
+    pub run_dir: PathBuf,
+    /// The quicsdn repository (controllers/ and scripts/).
+    pub repo_dir: PathBuf,
+    /// Controller venvs; `None` = `$QUICSDN_VENV_DIR` or `<repo>/.venv`.
+    pub venv_dir: Option<PathBuf>,
+    pub settings: LabSettings,
+    /// Leave a failed `up`'s pieces in place for debugging (`down` removes them).
+    pub keep_on_error: bool,
+    /// How long the controller may take to listen.
+    pub controller_timeout: Duration,
+    /// How long the switches may take to report `is_connected`.
+    pub connect_timeout: Duration,
+}
+
+/// The repository the lab's controllers and scripts come from:
+/// `$QUICSDN_REPO_DIR`, else the source tree this binary was built from.
+pub fn default_repo_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("QUICSDN_REPO_DIR") {
+        return PathBuf::from(d);
+    }
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    d.canonicalize().unwrap_or(d)
+}
+
+impl LabConfig {
+    /// The defaults of `quicsdn-lab up`: 1 switch, 2 hosts, no impairment,
+    /// `quic`, os-ken.
+    pub fn new(prefix: &str) -> LabConfig {
+        LabConfig {
+            prefix: prefix.to_string(),
+            run_dir: PathBuf::from(crate::state::DEFAULT_RUN_DIR),
+            repo_dir: default_repo_dir(),
+            venv_dir: None,
+            settings: LabSettings {
+                switches: 1,
+                hosts_per_switch: 2,
+                impairment: Impairment::default(),
+                transport: Transport::Quic,
+                controller: ControllerKind::Osken,
+                openflow_port: 6653,
+            },
+            keep_on_error: false,
+            controller_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Checks the settings without touching the system.
+    pub fn validate(&self) -> Result<()> {
+        check_prefix(&self.prefix)?;
+        let s = &self.settings;
+        if !(1..=MAX_SWITCHES).contains(&s.switches) {
+            bail!("--switches must be 1..={MAX_SWITCHES}, not {}", s.switches);
+        }
+        if s.hosts_per_switch > MAX_HOSTS_PER_SWITCH {
+            bail!(
+                "--hosts-per-switch must be 0..={MAX_HOSTS_PER_SWITCH}, not {}",
+                s.hosts_per_switch
+            );
+        }
+        if s.openflow_port == 0 {
+            bail!("the OpenFlow port must not be 0");
+        }
+        s.transport.check_available()?;
+        if s.transport == Transport::Tls && !s.controller.supports_tls() {
+            bail!(
+                "controller {} has no TLS listener: use --transport tcp",
+                s.controller
+            );
+        }
+        if !s.impairment.is_none() {
+            bail!("{EMULATOR_NOT_AVAILABLE}");
+        }
+        if s.controller != ControllerKind::None {
+            let script = self.repo_dir.join("scripts/controllers-venv");
+            if !script.exists() {
+                bail!(
+                    "{} not found: point QUICSDN_REPO_DIR at the quicsdn repository",
+                    script.display()
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What `up` did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum UpAction {
+    /// Built a new lab.
+    Created,
+    /// The same lab was already up and healthy: nothing changed.
+    AlreadyUp,
+    /// A crashed or broken lab with this prefix was removed and rebuilt.
+    Replaced { reason: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct UpOutcome {
+    pub action: UpAction,
+    pub state: LabState,
+}
+
+/// Brings a lab up (see the module docs). Needs root.
+pub fn up(cfg: &LabConfig) -> Result<UpOutcome> {
+    cfg.validate()?;
+    require_root()?;
+    let store = StateStore::lock(&cfg.run_dir, &cfg.prefix)?;
+    let mut action = UpAction::Created;
+    if let Some(old) = store.load()? {
+        let health = check_health(&old);
+        match (old.complete, &health) {
+            (true, Ok(())) if old.settings == cfg.settings => {
+                return Ok(UpOutcome {
+                    action: UpAction::AlreadyUp,
+                    state: old,
+                });
+            }
+            (true, Ok(())) => bail!(
+                "lab {p} is already up with other settings; run `quicsdn-lab down --prefix {p}` first",
+                p = cfg.prefix
+            ),
+            _ => {
+                let reason = match health {
+                    Err(e) if old.complete => format!("the lab was broken ({e:#})"),
+                    _ => "a previous `up` did not finish".to_string(),
+                };
+                teardown(&old).with_context(|| {
+                    format!("removing the previous lab {} ({reason})", cfg.prefix)
+                })?;
+                store.remove_dir()?;
+                action = UpAction::Replaced { reason };
+            }
+        }
+    }
+
+    let s = &cfg.settings;
+    let p = &cfg.prefix;
+    // Never adopt or delete a namespace this lab did not record.
+    let mut names = vec![ctl_netns(p)];
+    for i in 1..=s.switches {
+        names.push(switch_netns(p, i));
+        for j in 1..=s.hosts_per_switch {
+            names.push(host_netns(p, i, j));
+        }
+    }
+    if let Some(n) = names.iter().find(|n| Netns::exists(n)) {
+        bail!(
+            "network namespace {n} exists but is not part of a recorded lab {p}; \
+             if it is a leftover, delete it yourself (`ip netns del {n}`)"
+        );
+    }
+
+    let mut state = LabState {
+        version: STATE_VERSION,
+        prefix: p.clone(),
+        settings: s.clone(),
+        dir: store.lab_dir(),
+        complete: false,
+        ctl_netns: ctl_netns(p),
+        namespaces: Vec::new(),
+        switches: Vec::new(),
+        hosts: Vec::new(),
+        data_links: Vec::new(),
+        control_links: Vec::new(),
+        controller: None,
+        pki_dir: None,
+    };
+    store.save(&state)?;
+    match build(cfg, &store, &mut state) {
+        Ok(()) => {
+            state.complete = true;
+            store.save(&state)?;
+            Ok(UpOutcome { action, state })
+        }
+        Err(e) if cfg.keep_on_error => Err(e.context(format!(
+            "lab {p} failed to come up; its pieces are left in place (remove them with `quicsdn-lab down --prefix {p}`)"
+        ))),
+        Err(e) => {
+            let cleanup = teardown(&state).and_then(|()| store.remove_all());
+            match cleanup {
+                Ok(()) => Err(e.context(format!("lab {p} failed to come up (removed what was built)"))),
+                Err(c) => Err(e.context(format!(
+                    "lab {p} failed to come up, and removing it failed too ({c:#}); run `quicsdn-lab down --prefix {p}`"
+                ))),
+            }
+        }
+    }
+}
+
+/// Records, then creates, a namespace.
+fn create_ns(store: &StateStore, state: &mut LabState, name: &str) -> Result<Netns> {
+    state.namespaces.push(NsRecord {
+        name: name.to_string(),
+        inode: None,
+    });
+    store.save(state)?;
+    let ns = Netns::create(name)?;
+    state.namespaces.last_mut().expect("just pushed").inode = Netns::inode(name);
+    store.save(state)?;
+    Ok(ns)
+}
+
+fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()> {
+    let s = cfg.settings.clone();
+    let p = cfg.prefix.as_str();
+    let dir = store.lab_dir();
+    std::fs::create_dir_all(&dir)?;
+
+    let ctl = create_ns(store, state, &ctl_netns(p))?;
+
+    let pki = if s.transport.needs_pki() {
+        let pki = Pki::create(&dir.join("pki"))?;
+        state.pki_dir = Some(pki.dir.clone());
+        store.save(state)?;
+        Some(pki)
+    } else {
+        None
+    };
+
+    // Switches: namespace, OVS, bridge.
+    for i in 1..=s.switches {
+        let name = format!("sw{i}");
+        let ns = create_ns(store, state, &switch_netns(p, i))?;
+        state.switches.push(SwitchRecord {
+            name: name.clone(),
+            netns: ns.name.clone(),
+            bridge: BRIDGE.into(),
+            datapath_id: u64::from(i),
+            ovs: None,
+            target: None,
+        });
+        store.save(state)?;
+        let ovs = Ovs::start(&ns, &dir.join(&name))
+            .with_context(|| format!("starting OVS for {name}"))?;
+        state.switches.last_mut().expect("just pushed").ovs = Some(ovs.clone());
+        store.save(state)?;
+        let mut br = BridgeConfig::new(BRIDGE);
+        br.datapath_id = Some(u64::from(i));
+        ovs.add_bridge(&br)
+            .with_context(|| format!("adding {BRIDGE} to {name}"))?;
+    }
+
+    // Control links.
+    for i in 1..=s.switches {
+        let spec = ControlLinkSpec::new(i, &ctl.name, &switch_netns(p, i), s.impairment);
+        let link = ControlLink::create(ControlLinkKind::Veth, spec)
+            .with_context(|| format!("creating the control link of sw{i}"))?;
+        state.control_links.push(link);
+        store.save(state)?;
+    }
+
+    // Hosts.
+    for i in 1..=s.switches {
+        let ovs = switch_ovs(state, i)?;
+        for j in 1..=s.hosts_per_switch {
+            let ns = create_ns(store, state, &host_netns(p, i, j))?;
+            let spec = HostSpec {
+                netns: ns.name.clone(),
+                ifname: "eth0".into(),
+                mac: host_mac(i, j),
+                cidr: format!("{}/16", host_ip(i, j)),
+                port: format!("h{i}-{j}"),
+                ofport: Some(j as u16),
+            };
+            attach_host(&spec, &ovs, BRIDGE)?;
+            state.hosts.push(HostRecord {
+                name: format!("h{i}-{j}"),
+                netns: ns.name.clone(),
+                switch: format!("sw{i}"),
+                ip: spec.ip().to_string(),
+                cidr: spec.cidr.clone(),
+                mac: spec.mac.clone(),
+                port: spec.port.clone(),
+                ofport: j as u16,
+            });
+            store.save(state)?;
+        }
+    }
+
+    // Data links: a line sw1 - sw2 - … - swN.
+    for i in 1..s.switches {
+        let (a, b) = (switch_ovs(state, i)?, switch_ovs(state, i + 1)?);
+        let (a_ns, b_ns) = (Netns::named(&a.netns), Netns::named(&b.netns));
+        let (a_port, b_port) = (format!("sw{}", i + 1), format!("sw{i}"));
+        create_veth(&VethEnd::new(&a_ns, &a_port), &VethEnd::new(&b_ns, &b_port))?;
+        a_ns.link_up(&a_port)?;
+        b_ns.link_up(&b_port)?;
+        a.add_port(BRIDGE, &a_port, Some(OFPORT_NEXT))?;
+        b.add_port(BRIDGE, &b_port, Some(OFPORT_PREV))?;
+        state.data_links.push(DataLinkRecord {
+            a_switch: format!("sw{i}"),
+            a_port,
+            a_ofport: OFPORT_NEXT,
+            b_switch: format!("sw{}", i + 1),
+            b_port,
+            b_ofport: OFPORT_PREV,
+        });
+        store.save(state)?;
+    }
+
+    // Controller. (For `quic`, the controller agent starts after this, beside it.)
+    if s.controller != ControllerKind::None {
+        let tls = match &pki {
+            Some(pki) => {
+                let pair = pki.issue("controller")?;
+                Some(TlsFiles {
+                    key: pair.key,
+                    cert: pair.cert,
+                    ca: pki.ca_cert(),
+                })
+            }
+            None => None,
+        };
+        let spec = ControllerSpec {
+            kind: s.controller,
+            listen_host: "0.0.0.0".into(),
+            port: s.openflow_port,
+            tls,
+            work_dir: dir.join("ctl"),
+            repo_dir: cfg.repo_dir.clone(),
+            venv_dir: cfg.venv_dir.clone(),
+            faucet_yaml: (s.controller == ControllerKind::Faucet)
+                .then(|| faucet_config(&faucet_dps(state))),
+            ready_timeout: cfg.controller_timeout,
+        };
+        let running = start_controller(&ctl, &spec)?;
+        state.controller = Some(running);
+        store.save(state)?;
+    } else if let Some(pki) = &pki {
+        // For a program the user attaches: the lab's CA issues its certificate too.
+        pki.issue("controller")?;
+    }
+
+    // Point every switch at the controller. (For `quic`: start each switch
+    // agent here and make the target the agent's local listener.)
+    for i in 1..=s.switches {
+        let ovs = switch_ovs(state, i)?;
+        if let Some(pki) = &pki {
+            let pair = pki.issue(&format!("sw{i}"))?;
+            ovs.set_ssl(&pair.key, &pair.cert, &pki.ca_cert())?;
+        }
+        let ctl_addr = state.control_links[(i - 1) as usize].spec.ctl_addr();
+        let target = s.transport.ovs_target(ctl_addr, s.openflow_port)?;
+        ovs.set_controller(BRIDGE, std::slice::from_ref(&target))?;
+        state.switches[(i - 1) as usize].target = Some(target);
+        store.save(state)?;
+    }
+
+    // Ready when every switch is connected (with `none`, nothing listens yet).
+    if s.controller != ControllerKind::None {
+        for i in 1..=s.switches {
+            let ovs = switch_ovs(state, i)?;
+            ovs.wait_connected(BRIDGE, cfg.connect_timeout)
+                .map_err(|e| {
+                    let log = state.controller.as_ref().map(|c| c.log.clone());
+                    anyhow!(
+                        "{e}; see {} and {}",
+                        ovs.dir.join("ovs-vswitchd.log").display(),
+                        log.map(|l| l.display().to_string()).unwrap_or_default()
+                    )
+                })?;
+        }
+    }
+    Ok(())
+}
+
+fn switch_ovs(state: &LabState, i: u32) -> Result<Ovs> {
+    state
+        .switches
+        .get((i - 1) as usize)
+        .and_then(|s| s.ovs.clone())
+        .ok_or_else(|| anyhow!("switch sw{i} has no OVS"))
+}
+
+fn faucet_dps(state: &LabState) -> Vec<FaucetDp> {
+    state
+        .switches
+        .iter()
+        .map(|sw| {
+            let mut ports: Vec<(u16, String)> = state
+                .hosts
+                .iter()
+                .filter(|h| h.switch == sw.name)
+                .map(|h| (h.ofport, h.port.clone()))
+                .collect();
+            for l in &state.data_links {
+                if l.a_switch == sw.name {
+                    ports.push((l.a_ofport, l.a_port.clone()));
+                }
+                if l.b_switch == sw.name {
+                    ports.push((l.b_ofport, l.b_port.clone()));
+                }
+            }
+            FaucetDp {
+                name: sw.name.clone(),
+                dp_id: sw.datapath_id,
+                ports,
+            }
+        })
+        .collect()
+}
+
+/// Ok when every recorded piece of a lab is there and running.
+pub fn check_health(state: &LabState) -> Result<()> {
+    for ns in &state.namespaces {
+        if ns.inode.is_none() || Netns::inode(&ns.name) != ns.inode {
+            bail!("namespace {} is missing", ns.name);
+        }
+    }
+    for sw in &state.switches {
+        match &sw.ovs {
+            Some(ovs) if ovs.is_alive() => {}
+            _ => bail!("OVS of {} is not running", sw.name),
+        }
+    }
+    if let Some(c) = state.controller.as_ref().filter(|c| !c.is_alive()) {
+        bail!("controller {} (pid {}) is not running", c.kind, c.proc.pid);
+    }
+    for l in &state.control_links {
+        if let Some(p) = l.procs.iter().find(|p| !p.is_alive()) {
+            bail!("{} (pid {}) is not running", p.name, p.pid);
+        }
+    }
+    Ok(())
+}
+
+/// Removes everything `state` records: processes by PID, then namespaces
+/// (with any process left inside them, and all their interfaces). A namespace
+/// whose identity differs from the recorded one is left alone. Tries every
+/// step and reports all failures.
+pub fn teardown(state: &LabState) -> Result<()> {
+    let grace = Duration::from_secs(5);
+    let mut errors: Vec<String> = Vec::new();
+    let mut note = |r: Result<()>| {
+        if let Err(e) = r {
+            errors.push(format!("{e:#}"));
+        }
+    };
+    if let Some(c) = &state.controller {
+        note(c.stop());
+    }
+    for l in &state.control_links {
+        note(l.destroy());
+    }
+    for sw in &state.switches {
+        if let Some(ovs) = &sw.ovs {
+            note(ovs.stop());
+        }
+    }
+    for ns in state.namespaces.iter().rev() {
+        let current = Netns::inode(&ns.name);
+        if current.is_none() {
+            continue;
+        }
+        // inode None: recorded just before creation, and the run stopped there.
+        if ns.inode.is_some() && current != ns.inode {
+            note(Err(anyhow!(
+                "namespace {} is not the one this lab created (replaced since?); left alone",
+                ns.name
+            )));
+            continue;
+        }
+        let n = Netns::named(&ns.name);
+        note(n.kill_all(grace));
+        note(n.delete());
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(anyhow!("{}", errors.join("; ")))
+    }
+}
+
+/// What `down` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum DownOutcome {
+    Removed,
+    /// No lab with this prefix was recorded.
+    NothingToDo,
+}
+
+/// Removes the lab recorded under `run_dir`/`prefix`. Idempotent. On failure
+/// the state is kept so that `down` can be retried.
+pub fn down(run_dir: &Path, prefix: &str) -> Result<DownOutcome> {
+    check_prefix(prefix)?;
+    require_root()?;
+    let store = StateStore::lock(run_dir, prefix)?;
+    match store.load()? {
+        None => {
+            store.remove_all()?;
+            Ok(DownOutcome::NothingToDo)
+        }
+        Some(state) => {
+            teardown(&state).with_context(|| format!("removing lab {prefix}"))?;
+            store.remove_all()?;
+            Ok(DownOutcome::Removed)
+        }
+    }
+}
+
+/// The recorded state of a lab, if any (no lock taken: the file is replaced atomically).
+pub fn load(run_dir: &Path, prefix: &str) -> Result<Option<LabState>> {
+    check_prefix(prefix)?;
+    let path = run_dir.join(prefix).join("state.json");
+    match std::fs::read_to_string(&path) {
+        Ok(t) => {
+            Ok(Some(serde_json::from_str(&t).with_context(|| {
+                format!("cannot parse {}", path.display())
+            })?))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// A live view of one switch.
+#[derive(Debug, Clone, Serialize)]
+pub struct SwitchStatus {
+    pub name: String,
+    pub netns: String,
+    pub ovs_running: bool,
+    pub target: Option<String>,
+    pub connected: Option<bool>,
+    pub flows: Option<usize>,
+}
+
+/// A live view of one control link.
+#[derive(Debug, Clone, Serialize)]
+pub struct ControlLinkStatus {
+    pub switch: String,
+    pub kind: ControlLinkKind,
+    pub ctl_addr: Ipv4Addr,
+    pub sw_addr: Ipv4Addr,
+    pub impairment: Impairment,
+    pub counters: Option<ControlLinkCounters>,
+}
+
+/// What `status` shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct LabStatus {
+    pub prefix: String,
+    pub complete: bool,
+    pub health: Result<(), String>,
+    pub settings: LabSettings,
+    pub dir: PathBuf,
+    pub controller_running: Option<bool>,
+    pub controller_listening: Option<bool>,
+    pub switches: Vec<SwitchStatus>,
+    pub control_links: Vec<ControlLinkStatus>,
+    pub state: LabState,
+}
+
+/// The live status of a lab, or `None` if none is recorded.
+pub fn status(run_dir: &Path, prefix: &str) -> Result<Option<LabStatus>> {
+    let Some(state) = load(run_dir, prefix)? else {
+        return Ok(None);
+    };
+    let ctl = Netns::named(&state.ctl_netns);
+    let controller_running = state.controller.as_ref().map(|c| c.is_alive());
+    let controller_listening = state
+        .controller
+        .as_ref()
+        .map(|c| Netns::exists(&ctl.name) && ctl.tcp_listening(c.port).unwrap_or(false));
+    let switches = state
+        .switches
+        .iter()
+        .map(|sw| {
+            let ovs = sw.ovs.as_ref().filter(|o| o.is_alive());
+            SwitchStatus {
+                name: sw.name.clone(),
+                netns: sw.netns.clone(),
+                ovs_running: ovs.is_some(),
+                target: sw.target.clone(),
+                connected: ovs.and_then(|o| o.is_connected(&sw.bridge).ok()),
+                flows: ovs
+                    .and_then(|o| o.dump_flows(&sw.bridge).ok())
+                    .map(|f| f.lines().filter(|l| l.contains("actions=")).count()),
+            }
+        })
+        .collect();
+    let control_links = state
+        .control_links
+        .iter()
+        .map(|l| ControlLinkStatus {
+            switch: format!("sw{}", l.spec.index),
+            kind: l.kind,
+            ctl_addr: l.spec.ctl_addr(),
+            sw_addr: l.spec.sw_addr(),
+            impairment: l.spec.impairment,
+            counters: l.counters().ok(),
+        })
+        .collect();
+    Ok(Some(LabStatus {
+        prefix: state.prefix.clone(),
+        complete: state.complete,
+        health: check_health(&state).map_err(|e| format!("{e:#}")),
+        settings: state.settings.clone(),
+        dir: state.dir.clone(),
+        controller_running,
+        controller_listening,
+        switches,
+        control_links,
+        state,
+    }))
+}
+
+fn yes_no(b: Option<bool>) -> &'static str {
+    match b {
+        Some(true) => "yes",
+        Some(false) => "no",
+        None => "-",
+    }
+}
+
+impl LabStatus {
+    /// The human-readable report of `quicsdn-lab status`.
+    pub fn render(&self) -> String {
+        let s = &self.settings;
+        let mut o = String::new();
+        let health = match &self.health {
+            _ if !self.complete => {
+                "incomplete (an `up` is running or crashed; `down` removes it)".to_string()
+            }
+            Ok(()) => "up".to_string(),
+            Err(e) => format!("BROKEN: {e} (`down` removes it)"),
+        };
+        o += &format!("lab {}: {health}\n", self.prefix);
+        o += &format!(
+            "  {} switch(es) x {} host(s), transport {}, controller {}, OpenFlow port {}\n",
+            s.switches, s.hosts_per_switch, s.transport, s.controller, s.openflow_port
+        );
+        o += &format!("  state and logs: {}\n", self.dir.display());
+        match &self.state.controller {
+            Some(c) => {
+                o += &format!(
+                    "controller {} in {}: pid {}, running {}, listening on :{} {}{}\n  log {}\n",
+                    c.kind,
+                    c.netns,
+                    c.proc.pid,
+                    yes_no(self.controller_running),
+                    c.port,
+                    yes_no(self.controller_listening),
+                    if c.tls { " (TLS)" } else { "" },
+                    c.log.display()
+                );
+            }
+            None => {
+                o += &format!(
+                    "controller: none started (attach yours in {})\n",
+                    self.state.ctl_netns
+                )
+            }
+        }
+        o += "switches:\n";
+        for sw in &self.switches {
+            o += &format!(
+                "  {:<6} ns {:<14} ovs {:<3} target {:<24} connected {:<3} flows {}\n",
+                sw.name,
+                sw.netns,
+                if sw.ovs_running { "up" } else { "DOWN" },
+                sw.target.as_deref().unwrap_or("-"),
+                yes_no(sw.connected),
+                sw.flows
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| "-".into())
+            );
+        }
+        o += "hosts:\n";
+        for h in &self.state.hosts {
+            o += &format!(
+                "  {:<8} ns {:<16} {:<15} {}  on {} port {} (ofport {})\n",
+                h.name, h.netns, h.cidr, h.mac, h.switch, h.port, h.ofport
+            );
+        }
+        if !self.state.data_links.is_empty() {
+            o += "data links:\n";
+            for l in &self.state.data_links {
+                o += &format!(
+                    "  {}:{} (ofport {}) <-> {}:{} (ofport {})\n",
+                    l.a_switch, l.a_port, l.a_ofport, l.b_switch, l.b_port, l.b_ofport
+                );
+            }
+        }
+        o += "control links (bytes: Ethernet frames incl. 14-byte header, no FCS/preamble/gap):\n";
+        for l in &self.control_links {
+            o += &format!(
+                "  {:<6} {:?} {} <-> {}, {}\n",
+                l.switch, l.kind, l.ctl_addr, l.sw_addr, l.impairment
+            );
+            match &l.counters {
+                Some(c) => {
+                    o += &format!(
+                        "         ctl->sw {} pkts {} B sent, {} pkts {} B delivered\n         sw->ctl {} pkts {} B sent, {} pkts {} B delivered\n",
+                        c.ctl_to_sw.sent_packets,
+                        c.ctl_to_sw.sent_bytes,
+                        c.ctl_to_sw.delivered_packets,
+                        c.ctl_to_sw.delivered_bytes,
+                        c.sw_to_ctl.sent_packets,
+                        c.sw_to_ctl.sent_bytes,
+                        c.sw_to_ctl.delivered_packets,
+                        c.sw_to_ctl.delivered_bytes
+                    );
+                }
+                None => o += "         counters unavailable\n",
+            }
+        }
+        o
+    }
+}

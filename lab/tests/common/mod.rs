@@ -1,0 +1,205 @@
+//! Shared helpers of the lab's integration tests (they need root).
+//!
+//! Every test uses its own prefix `qsdnT…` (never the default `qsdn`, nor
+//! other engineers' `qsdnE`/`qsdnA`), removes any leftover lab of that prefix
+//! before starting, and holds [`serial`] so that one test binary runs one lab
+//! at a time (2-core machines).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use quicsdn_lab::netns::Netns;
+use quicsdn_lab::process::ProcRecord;
+use quicsdn_lab::state::{DEFAULT_RUN_DIR, LabState};
+use quicsdn_lab::topology::{self, LabConfig};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Held while a test runs its lab.
+pub struct Serial {
+    _file: std::fs::File,
+    _guard: MutexGuard<'static, ()>,
+}
+
+/// Serialises the tests' labs: within this test binary (a mutex; a failed
+/// test does not block the rest) and across processes (a flock), since the
+/// same suite may run from two checkouts at once and the prefixes are fixed.
+pub fn serial() -> Serial {
+    use std::os::unix::io::AsRawFd;
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    std::fs::create_dir_all(run_dir()).unwrap();
+    let file = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(run_dir().join("tests-qsdnT.lock"))
+        .unwrap();
+    // SAFETY: flock on a descriptor we own; released when `file` is dropped.
+    assert_eq!(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) }, 0);
+    Serial {
+        _file: file,
+        _guard: guard,
+    }
+}
+
+pub fn require_root() {
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "the quicsdn-lab integration tests need root (namespaces, veth, OVS)"
+    );
+}
+
+pub fn run_dir() -> PathBuf {
+    PathBuf::from(DEFAULT_RUN_DIR)
+}
+
+/// A lab config for tests: fixed prefix, default run dir, shorter timeouts.
+pub fn config(prefix: &str) -> LabConfig {
+    let mut cfg = LabConfig::new(prefix);
+    cfg.run_dir = run_dir();
+    cfg
+}
+
+/// Removes the lab when dropped (also when the test panics).
+pub struct LabGuard {
+    pub prefix: String,
+}
+
+impl LabGuard {
+    /// Removes leftovers of an earlier (crashed) run of this test, then guards.
+    pub fn new(prefix: &str) -> LabGuard {
+        require_root();
+        topology::down(&run_dir(), prefix).expect("removing a leftover lab");
+        LabGuard {
+            prefix: prefix.to_string(),
+        }
+    }
+}
+
+impl Drop for LabGuard {
+    fn drop(&mut self) {
+        if let Err(e) = topology::down(&run_dir(), &self.prefix) {
+            eprintln!("cleanup of lab {} failed: {e:#}", self.prefix);
+        }
+    }
+}
+
+/// Every process a state records.
+pub fn recorded_procs(state: &LabState) -> Vec<ProcRecord> {
+    let mut v = Vec::new();
+    for sw in &state.switches {
+        if let Some(o) = &sw.ovs {
+            v.push(o.ovsdb_server.clone());
+            v.push(o.vswitchd.clone());
+        }
+    }
+    if let Some(c) = &state.controller {
+        v.push(c.proc.clone());
+    }
+    for l in &state.control_links {
+        v.extend(l.procs.iter().cloned());
+    }
+    v
+}
+
+/// What is left of lab `prefix` on the machine: namespaces named `prefix-…`,
+/// processes whose command line mentions the lab's directory, the processes
+/// recorded in `before` (if still alive), the lab's state directory and lock
+/// file. Empty when the lab is completely gone.
+pub fn leftovers(prefix: &str, before: &[ProcRecord]) -> Vec<String> {
+    let mut left = Vec::new();
+    if let Ok(entries) = std::fs::read_dir("/run/netns") {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&format!("{prefix}-")) {
+                left.push(format!("namespace {name}"));
+            }
+        }
+    }
+    let lab_dir = run_dir().join(prefix);
+    let needle = format!("{}/", lab_dir.display());
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains(&needle) {
+                left.push(format!("process {pid}: {cmdline}"));
+            }
+        }
+    }
+    for p in before {
+        if p.is_alive() {
+            left.push(format!("recorded process {} (pid {})", p.name, p.pid));
+        }
+    }
+    if lab_dir.exists() {
+        left.push(format!("directory {}", lab_dir.display()));
+    }
+    let lock = run_dir().join(format!("{prefix}.lock"));
+    if lock.exists() {
+        left.push(format!("lock file {}", lock.display()));
+    }
+    left
+}
+
+/// Interfaces in the root namespace (the lab must never add any).
+pub fn root_interfaces() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/sys/class/net")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Root-namespace interfaces named like the lab's (`ctl`, `swN`, `hN-M`), which
+/// the lab must never create there.
+pub fn lab_like_root_interfaces() -> Vec<String> {
+    root_interfaces()
+        .into_iter()
+        .filter(|n| {
+            n == "ctl"
+                || (n.starts_with("sw")
+                    && n[2..].chars().all(|c| c.is_ascii_digit())
+                    && n.len() > 2)
+                || (n.starts_with('h')
+                    && n[1..].contains('-')
+                    && n[1..].chars().all(|c| c.is_ascii_digit() || c == '-'))
+        })
+        .collect()
+}
+
+/// Pings until one echo comes back (first packets may wait for the
+/// controller to answer packet-ins), within `timeout`.
+pub fn ping_until_reply(host_ns: &str, dst: &str, timeout: Duration) {
+    let ns = Netns::named(host_ns);
+    let start = Instant::now();
+    loop {
+        let st = quicsdn_lab::host::ping(&ns, dst, 1, 0.2).expect("running ping");
+        if st.received == 1 {
+            return;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "no ping reply from {dst} in {host_ns} within {timeout:?}"
+        );
+    }
+}
+
+pub fn lab_dir(prefix: &str) -> PathBuf {
+    run_dir().join(prefix)
+}
+
+pub fn exists(p: &Path) -> bool {
+    p.exists()
+}

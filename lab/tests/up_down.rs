@@ -1,0 +1,238 @@
+//! `quicsdn-lab up`/`down`/`status` through the real binary: idempotence,
+//! clear refusals, and no leftovers (namespaces, processes, interfaces, state),
+//! also after an `up` that was killed half-way. Needs root.
+
+mod common;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::*;
+use quicsdn_lab::process::ProcRecord;
+use quicsdn_lab::topology;
+use quicsdn_lab::wait::poll_until;
+
+const BIN: &str = env!("CARGO_BIN_EXE_quicsdn-lab");
+
+fn lab(prefix: &str, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(["--prefix", prefix, "--run-dir"])
+        .arg(run_dir())
+        .args(args)
+        .output()
+        .expect("running quicsdn-lab")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn ok(prefix: &str, args: &[&str]) -> String {
+    let o = lab(prefix, args);
+    assert!(
+        o.status.success(),
+        "quicsdn-lab {args:?} failed: {}",
+        text(&o)
+    );
+    text(&o)
+}
+
+fn fails(prefix: &str, args: &[&str]) -> String {
+    let o = lab(prefix, args);
+    assert!(
+        !o.status.success(),
+        "quicsdn-lab {args:?} should fail: {}",
+        text(&o)
+    );
+    text(&o)
+}
+
+#[test]
+fn up_twice_down_twice_leaves_nothing() {
+    let _s = serial();
+    let p = "qsdnT3";
+    let _g = LabGuard::new(p);
+    let root_before = lab_like_root_interfaces();
+    let up = [
+        "up",
+        "--switches",
+        "2",
+        "--hosts-per-switch",
+        "1",
+        "--transport",
+        "tcp",
+    ];
+
+    let out = ok(p, &up);
+    assert!(out.contains(&format!("lab {p} is up")), "{out}");
+    let state = topology::load(&run_dir(), p)
+        .unwrap()
+        .expect("state recorded");
+    assert!(state.complete);
+    let procs = recorded_procs(&state);
+    assert_eq!(
+        procs.len(),
+        5,
+        "2 x (ovsdb-server, ovs-vswitchd) + controller"
+    );
+    assert!(procs.iter().all(ProcRecord::is_alive));
+
+    // Same settings again: nothing changes.
+    let out = ok(p, &up);
+    assert!(out.contains("already up"), "{out}");
+    assert_eq!(topology::load(&run_dir(), p).unwrap().unwrap(), state);
+
+    // Other settings while up: refused, lab untouched.
+    let out = fails(p, &["up", "--switches", "3", "--transport", "tcp"]);
+    assert!(out.contains("already up with other settings"), "{out}");
+    assert!(procs.iter().all(ProcRecord::is_alive));
+
+    // status, text and JSON.
+    let out = ok(p, &["status"]);
+    assert!(out.contains(&format!("lab {p}: up")), "{out}");
+    assert_eq!(out.matches("connected yes").count(), 2, "{out}");
+    let json: serde_json::Value = serde_json::from_str(&ok(p, &["status", "--json"])).unwrap();
+    assert_eq!(json["complete"], true);
+    assert_eq!(json["switches"].as_array().unwrap().len(), 2);
+    assert_eq!(json["switches"][0]["connected"], true);
+    assert!(
+        json["control_links"][0]["counters"]["sw_to_ctl"]["sent_packets"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "no control traffic counted: {json}"
+    );
+
+    let out = ok(p, &["down"]);
+    assert!(out.contains("removed"), "{out}");
+    let left = leftovers(p, &procs);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+    let out = ok(p, &["down"]);
+    assert!(out.contains("nothing to do"), "{out}");
+    let out = ok(p, &["status"]);
+    assert!(out.contains("no lab"), "{out}");
+    assert_eq!(lab_like_root_interfaces(), root_before);
+}
+
+#[test]
+fn refusals_are_clear_and_create_nothing() {
+    let _s = serial();
+    let p = "qsdnT4";
+    let _g = LabGuard::new(p);
+    let cases: &[(&[&str], &str)] = &[
+        (&["up"], "`quic` is not available yet"),
+        (&["up", "--transport", "tcp", "--delay", "25ms"], "emulator"),
+        (
+            &[
+                "up",
+                "--transport",
+                "tcp",
+                "--loss",
+                "1%",
+                "--rate",
+                "100mbit",
+            ],
+            "emulator",
+        ),
+        (&["up", "--transport", "tcp", "--loss", "1"], "percentage"),
+        (&["up", "--transport", "tcp", "--delay", "25"], "unit"),
+        (&["up", "--transport", "udp"], "unknown transport"),
+        (&["up", "--controller", "pox"], "unknown controller"),
+        (
+            &["up", "--transport", "tcp", "--switches", "0"],
+            "--switches",
+        ),
+        (
+            &["up", "--transport", "tcp", "--switches", "251"],
+            "--switches",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = fails(p, args);
+        assert!(out.contains(want), "{args:?}: wanted {want:?} in: {out}");
+        let left = leftovers(p, &[]);
+        assert!(left.is_empty(), "{args:?} left: {left:#?}");
+    }
+    let out = fails("bad/prefix", &["up", "--transport", "tcp"]);
+    assert!(out.contains("bad prefix"), "{out}");
+}
+
+/// Starts `up` and SIGKILLs it once the state records an OVS, hosts being
+/// attached: a run that died half-way. Returns the state it left.
+fn crash_up(p: &str) -> quicsdn_lab::state::LabState {
+    let mut child = Command::new(BIN)
+        .args(["--prefix", p, "--run-dir"])
+        .arg(run_dir())
+        .args(["up", "--switches", "3", "--hosts-per-switch", "4"])
+        .args(["--transport", "tcp", "--controller", "none"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    poll_until("up to record a host", Duration::from_secs(30), || {
+        Ok(topology::load(&run_dir(), p)
+            .ok()
+            .flatten()
+            .filter(|s| s.namespaces.iter().any(|n| n.name.contains("-h"))))
+    })
+    .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let state = topology::load(&run_dir(), p).unwrap().unwrap();
+    assert!(!state.complete, "up finished before it could be killed");
+    assert!(!recorded_procs(&state).is_empty());
+    state
+}
+
+#[test]
+fn down_and_up_recover_from_a_crashed_up() {
+    let _s = serial();
+    let p = "qsdnT5";
+    let _g = LabGuard::new(p);
+
+    // A crashed run, then `down`: everything recorded goes.
+    let state = crash_up(p);
+    let procs = recorded_procs(&state);
+    assert!(
+        procs.iter().all(ProcRecord::is_alive),
+        "OVS should outlive the killed `up`"
+    );
+    let out = ok(p, &["status"]);
+    assert!(out.contains("incomplete"), "{out}");
+    let out = ok(p, &["down"]);
+    assert!(out.contains("removed"), "{out}");
+    let left = leftovers(p, &procs);
+    assert!(left.is_empty(), "left behind after a crashed up: {left:#?}");
+
+    // A crashed run, then `up` again: the wreck is replaced by a working lab.
+    let state = crash_up(p);
+    let procs = recorded_procs(&state);
+    let out = ok(
+        p,
+        &[
+            "up",
+            "--switches",
+            "1",
+            "--hosts-per-switch",
+            "1",
+            "--transport",
+            "tcp",
+            "--controller",
+            "none",
+        ],
+    );
+    assert!(out.contains("replaced the previous one"), "{out}");
+    assert!(procs.iter().all(|p| !p.is_alive()), "old OVS still running");
+    let new = topology::load(&run_dir(), p).unwrap().unwrap();
+    assert!(new.complete);
+    assert_eq!(new.switches.len(), 1);
+    topology::check_health(&new).unwrap();
+    let new_procs = recorded_procs(&new);
+    ok(p, &["down"]);
+    let left = leftovers(p, &new_procs);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}

@@ -13,7 +13,7 @@
 //! * [`controller`]: run os-ken/Ryu/Faucet from their pinned venvs;
 //! * [`pki`]: a throw-away CA and certificates (openssl);
 //! * [`control_link`]: the switch-to-controller links (plain veth for now);
-//! * [`transport`]: `tcp`, `tls` (and the place for `quic`);
+//! * [`transport`]: `tcp`, `tls` and `quic`; [`agents`] runs the quicsdn agents;
 //! * [`topology`]: `up`/`down`/`status` of a whole lab, recorded in [`state`];
 //! * [`process`], [`wait`], [`cmd`]: processes by recorded PID, bounded
 //!   polling, running tools with useful errors;
@@ -21,6 +21,7 @@
 //!
 //! Everything here needs root.
 
+pub mod agents;
 pub mod bench;
 pub mod cmd;
 pub mod control_link;

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::control_link::{ControlLink, Impairment};
 use crate::controller::{ControllerKind, RunningController};
 use crate::ovs::Ovs;
+use crate::process::ProcRecord;
 use crate::transport::Transport;
 
 /// Default directory for lab state.
@@ -105,7 +106,11 @@ pub struct LabState {
     pub data_links: Vec<DataLinkRecord>,
     pub control_links: Vec<ControlLink>,
     pub controller: Option<RunningController>,
-    /// The lab's CA directory, for `tls`.
+    /// The quicsdn agents (`quic` transport): the controller agent first, then
+    /// one switch agent per switch.
+    #[serde(default)]
+    pub agents: Vec<ProcRecord>,
+    /// The lab's CA directory, for `tls` and `quic`.
     pub pki_dir: Option<PathBuf>,
 }
 

@@ -29,6 +29,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Serialize;
 
+use crate::agents::{
+    AgentTls, QUIC_PORT, openflow_socket, start_controller_agent, start_switch_agent,
+};
 use crate::cmd::require_root;
 use crate::control_link::{
     ControlLink, ControlLinkCounters, ControlLinkKind, ControlLinkSpec, EMULATOR_NOT_AVAILABLE,
@@ -251,6 +254,7 @@ pub fn up(cfg: &LabConfig) -> Result<UpOutcome> {
         data_links: Vec::new(),
         control_links: Vec::new(),
         controller: None,
+        agents: Vec::new(),
         pki_dir: None,
     };
     store.save(&state)?;
@@ -386,9 +390,11 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
         store.save(state)?;
     }
 
-    // Controller. (For `quic`, the controller agent starts after this, beside it.)
+    // Controller. With `quic` it listens on its namespace's loopback only, so
+    // the switches can reach it through the controller agent and nothing else.
+    let quic = s.transport == Transport::Quic;
     if s.controller != ControllerKind::None {
-        let tls = match &pki {
+        let tls = match pki.as_ref().filter(|_| !quic) {
             Some(pki) => {
                 let pair = pki.issue("controller")?;
                 Some(TlsFiles {
@@ -401,7 +407,7 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
         };
         let spec = ControllerSpec {
             kind: s.controller,
-            listen_host: "0.0.0.0".into(),
+            listen_host: if quic { "127.0.0.1" } else { "0.0.0.0" }.into(),
             port: s.openflow_port,
             tls,
             work_dir: dir.join("ctl"),
@@ -414,21 +420,62 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
         let running = start_controller(&ctl, &spec)?;
         state.controller = Some(running);
         store.save(state)?;
-    } else if let Some(pki) = &pki {
+    } else if let Some(pki) = pki.as_ref().filter(|_| !quic) {
         // For a program the user attaches: the lab's CA issues its certificate too.
         pki.issue("controller")?;
     }
 
-    // Point every switch at the controller. (For `quic`: start each switch
-    // agent here and make the target the agent's local listener.)
+    if let Some(pki) = pki.as_ref().filter(|_| quic) {
+        let pair = pki.issue("controller-agent")?;
+        let tls = AgentTls {
+            ca: pki.ca_cert(),
+            cert: pair.cert,
+            key: pair.key,
+        };
+        let proc = start_controller_agent(
+            &ctl,
+            &format!("0.0.0.0:{QUIC_PORT}"),
+            &tls,
+            &[format!("openflow=tcp:127.0.0.1:{}", s.openflow_port)],
+            &[],
+            &dir.join("ctl").join("quicsdn-controller.log"),
+        )?;
+        state.agents.push(proc);
+        store.save(state)?;
+    }
+
+    // Point every switch at the controller (with `quic`: at its switch agent).
     for i in 1..=s.switches {
         let ovs = switch_ovs(state, i)?;
-        if let Some(pki) = &pki {
-            let pair = pki.issue(&format!("sw{i}"))?;
-            ovs.set_ssl(&pair.key, &pair.cert, &pki.ca_cert())?;
-        }
         let ctl_addr = state.control_links[(i - 1) as usize].spec.ctl_addr();
-        let target = s.transport.ovs_target(ctl_addr, s.openflow_port)?;
+        match &pki {
+            Some(pki) if quic => {
+                let pair = pki.issue(&format!("sw{i}"))?;
+                let tls = AgentTls {
+                    ca: pki.ca_cert(),
+                    cert: pair.cert,
+                    key: pair.key,
+                };
+                let socket = openflow_socket(&ovs.dir);
+                let proc = start_switch_agent(
+                    &Netns::named(&ovs.netns),
+                    &format!("{ctl_addr}:{QUIC_PORT}"),
+                    "controller-agent",
+                    &tls,
+                    &[format!("openflow=punix:{}", socket.display())],
+                    &[],
+                    &ovs.dir.join("quicsdn-switch.log"),
+                )?;
+                state.agents.push(proc);
+                store.save(state)?;
+            }
+            Some(pki) => {
+                let pair = pki.issue(&format!("sw{i}"))?;
+                ovs.set_ssl(&pair.key, &pair.cert, &pki.ca_cert())?;
+            }
+            None => {}
+        }
+        let target = s.transport.ovs_target(ctl_addr, s.openflow_port, &ovs.dir);
         ovs.set_controller(BRIDGE, std::slice::from_ref(&target))?;
         state.switches[(i - 1) as usize].target = Some(target);
         store.save(state)?;
@@ -504,6 +551,9 @@ pub fn check_health(state: &LabState) -> Result<()> {
     if let Some(c) = state.controller.as_ref().filter(|c| !c.is_alive()) {
         bail!("controller {} (pid {}) is not running", c.kind, c.proc.pid);
     }
+    if let Some(a) = state.agents.iter().find(|a| !a.is_alive()) {
+        bail!("{} (pid {}) is not running", a.name, a.pid);
+    }
     for l in &state.control_links {
         if let Some(p) = l.procs.iter().find(|p| !p.is_alive()) {
             bail!("{} (pid {}) is not running", p.name, p.pid);
@@ -524,6 +574,9 @@ pub fn teardown(state: &LabState) -> Result<()> {
             errors.push(format!("{e:#}"));
         }
     };
+    for a in state.agents.iter().rev() {
+        note(a.terminate(grace));
+    }
     if let Some(c) = &state.controller {
         note(c.stop());
     }
@@ -738,6 +791,14 @@ impl LabStatus {
                     self.state.ctl_netns
                 )
             }
+        }
+        for a in &self.state.agents {
+            o += &format!(
+                "{}: pid {}, running {}\n",
+                a.name,
+                a.pid,
+                if a.is_alive() { "yes" } else { "NO" }
+            );
         }
         o += "switches:\n";
         for sw in &self.switches {

@@ -4,14 +4,14 @@
 //! * `tls`: OVS `ssl:CTL:PORT` with the lab's certificates (`ovs-vsctl
 //!   set-ssl`), to the controller's TLS listener, which requires a client
 //!   certificate from the same CA: mutual authentication.
-//! * `quic`: through the quicsdn agents (a switch agent beside each OVS, a
-//!   controller agent beside the controller). Not available until the agents
-//!   exist: [`Transport::check_available`] says so. When they do, `quic`
-//!   plugs in here (the switch's target becomes the local switch agent) and in
-//!   `topology::up` (start the agents).
+//! * `quic`: through the quicsdn agents (see [`crate::agents`]): a switch
+//!   agent beside each OVS, reached by a unix socket in OVS's run directory,
+//!   and one controller agent beside the controller, which then listens only on
+//!   its namespace's loopback. Mutual TLS with the lab's certificates.
 
 use std::fmt;
 use std::net::Ipv4Addr;
+use std::path::Path;
 use std::str::FromStr;
 
 use anyhow::{Result, bail};
@@ -25,10 +25,6 @@ pub enum Transport {
     Quic,
 }
 
-/// The error for `--transport quic` until the agents are built.
-pub const QUIC_NOT_AVAILABLE: &str = "transport `quic` is not available yet: the quicsdn agents are not built into the lab. \
-     Use --transport tcp or --transport tls.";
-
 impl Transport {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -38,11 +34,12 @@ impl Transport {
         }
     }
 
-    /// Ok when the lab can build this transport now.
+    /// Ok when the lab can build this transport now (for `quic`: the `quicsdn`
+    /// binary is there).
     pub fn check_available(self) -> Result<()> {
         match self {
             Transport::Tcp | Transport::Tls => Ok(()),
-            Transport::Quic => bail!("{QUIC_NOT_AVAILABLE}"),
+            Transport::Quic => crate::agents::quicsdn_binary().map(|_| ()),
         }
     }
 
@@ -51,12 +48,15 @@ impl Transport {
         matches!(self, Transport::Tls | Transport::Quic)
     }
 
-    /// The OVS controller target for a controller at `ctl:port`.
-    pub fn ovs_target(self, ctl: Ipv4Addr, port: u16) -> Result<String> {
+    /// The OVS controller target for a controller at `ctl:port`, for a switch
+    /// whose OVS runs in `ovs_dir`.
+    pub fn ovs_target(self, ctl: Ipv4Addr, port: u16, ovs_dir: &Path) -> String {
         match self {
-            Transport::Tcp => Ok(format!("tcp:{ctl}:{port}")),
-            Transport::Tls => Ok(format!("ssl:{ctl}:{port}")),
-            Transport::Quic => bail!("{QUIC_NOT_AVAILABLE}"),
+            Transport::Tcp => format!("tcp:{ctl}:{port}"),
+            Transport::Tls => format!("ssl:{ctl}:{port}"),
+            Transport::Quic => {
+                format!("unix:{}", crate::agents::openflow_socket(ovs_dir).display())
+            }
         }
     }
 }

@@ -62,7 +62,7 @@ fn three_switch_ping(prefix: &str, transport: Transport) -> LabState {
     let scheme = match transport {
         Transport::Tcp => "tcp:",
         Transport::Tls => "ssl:",
-        Transport::Quic => unreachable!(),
+        Transport::Quic => "unix:",
     };
     for sw in &state.switches {
         let ovs = sw.ovs.as_ref().expect("OVS recorded");
@@ -272,5 +272,45 @@ fn three_switches_tls_hosts_ping_through_osken() {
         assert!(sw.ovs.as_ref().unwrap().is_connected("br0").unwrap());
     }
 
+    down_leaves_nothing(prefix, &state);
+}
+
+#[test]
+fn three_switches_quic_hosts_ping_through_osken_via_the_agents() {
+    let _s = serial();
+    let prefix = "qsdnT9";
+    let _g = LabGuard::new(prefix);
+    let state = three_switch_ping(prefix, Transport::Quic);
+
+    // One controller agent and one switch agent per switch, all running.
+    assert_eq!(state.agents.len(), 4);
+    assert!(state.agents.iter().all(|a| a.is_alive()));
+    // The controller is reachable only through the agents: it listens on the
+    // controller namespace's loopback, so a switch namespace cannot reach it.
+    let ctl = state.control_links[0].spec.ctl_addr();
+    let ns = Netns::named(&state.switches[0].netns);
+    let out = ns
+        .command("bash")
+        .arg("-c")
+        .arg(format!(
+            "exec 3<>/dev/tcp/{ctl}/{}",
+            state.settings.openflow_port
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "the controller is reachable without the agents"
+    );
+    // The controller agent saw each switch by its certificate identity.
+    let log = std::fs::read_to_string(state.dir.join("ctl/quicsdn-controller.log")).unwrap();
+    for sw in &state.switches {
+        assert!(
+            log.lines().any(|l| l.contains("switch agent connected")
+                && l.contains(&format!("switch={}", sw.name))),
+            "{}: not in the controller agent's log:\n{log}",
+            sw.name
+        );
+    }
     down_leaves_nothing(prefix, &state);
 }

@@ -124,7 +124,6 @@ fn refusals_are_clear_and_create_nothing() {
     let p = "qsdnT4";
     let _g = LabGuard::new(p);
     let cases: &[(&[&str], &str)] = &[
-        (&["up"], "`quic` is not available yet"),
         (&["up", "--transport", "tcp", "--delay", "25ms"], "emulator"),
         (
             &[

@@ -103,6 +103,7 @@ pub fn recorded_procs(state: &LabState) -> Vec<ProcRecord> {
     for l in &state.control_links {
         v.extend(l.procs.iter().cloned());
     }
+    v.extend(state.agents.iter().cloned());
     v
 }
 

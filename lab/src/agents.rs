@@ -1,0 +1,135 @@
+//! The quicsdn agents inside the lab: the real `quicsdn` binary, one controller
+//! agent in the controller namespace and one switch agent per switch namespace,
+//! each a recorded process with its own log.
+//!
+//! OVS reaches its switch agent by a unix socket inside its own run directory
+//! (OVS accepts `unix:` controller targets only there); the controller agent
+//! reaches the controller on the controller namespace's loopback.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::netns::Netns;
+use crate::process::{ProcRecord, log_tail, spawn_service};
+use crate::wait::poll_until;
+
+/// UDP port the controller agent listens on.
+pub const QUIC_PORT: u16 = 6653;
+
+/// Finds the `quicsdn` binary: `$QUICSDN_BIN`, else next to the running
+/// executable or one directory up (test binaries live in `target/*/deps`).
+pub fn quicsdn_binary() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("QUICSDN_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let me = std::env::current_exe()?;
+    for dir in me.ancestors().skip(1).take(2) {
+        let candidate = dir.join("quicsdn");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!(
+        "the quicsdn binary was not found next to {}: build it (cargo build -p quicsdn) or set QUICSDN_BIN",
+        me.display()
+    )
+}
+
+/// TLS files of one agent.
+#[derive(Debug, Clone)]
+pub struct AgentTls {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl AgentTls {
+    fn args(&self) -> [String; 3] {
+        [
+            format!("--ca={}", self.ca.display()),
+            format!("--cert={}", self.cert.display()),
+            format!("--key={}", self.key.display()),
+        ]
+    }
+}
+
+/// Starts a controller agent in `netns`, listening on UDP `listen`, with
+/// `services` (`NAME=TARGET` as `quicsdn controller --service` takes them).
+pub fn start_controller_agent(
+    netns: &Netns,
+    listen: &str,
+    tls: &AgentTls,
+    services: &[String],
+    extra: &[String],
+    log: &Path,
+) -> Result<ProcRecord> {
+    let mut c = netns.command(quicsdn_binary()?);
+    c.args(["controller", &format!("--listen={listen}")])
+        .args(tls.args())
+        .args(services.iter().map(|s| format!("--service={s}")))
+        .args(extra);
+    let name = format!("quicsdn controller agent in {}", netns.name);
+    let proc = spawn_service(&name, &mut c, log)?;
+    // Ready once it logged that it listens (it binds before logging).
+    poll_until(
+        &format!("{name} to listen"),
+        Duration::from_secs(10),
+        || {
+            if !proc.is_alive() {
+                bail!("{name} exited: {}", log_tail(log, 10));
+            }
+            Ok(std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .contains("controller agent listening")
+                .then_some(()))
+        },
+    )?;
+    Ok(proc)
+}
+
+/// Starts a switch agent in `netns` for the controller agent at `controller`
+/// (`IP:PORT`), and waits until its first listening service is up (a unix
+/// socket exists or a TCP port listens).
+pub fn start_switch_agent(
+    netns: &Netns,
+    controller: &str,
+    server_name: &str,
+    tls: &AgentTls,
+    services: &[String],
+    extra: &[String],
+    log: &Path,
+) -> Result<ProcRecord> {
+    let mut c = netns.command(quicsdn_binary()?);
+    c.args([
+        "switch",
+        &format!("--controller={controller}"),
+        &format!("--server-name={server_name}"),
+    ])
+    .args(tls.args())
+    .args(services.iter().map(|s| format!("--service={s}")))
+    .args(extra);
+    let name = format!("quicsdn switch agent in {}", netns.name);
+    let proc = spawn_service(&name, &mut c, log)?;
+    poll_until(
+        &format!("{name} to listen"),
+        Duration::from_secs(10),
+        || {
+            if !proc.is_alive() {
+                bail!("{name} exited: {}", log_tail(log, 10));
+            }
+            Ok(std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .contains("waiting for OVS")
+                .then_some(()))
+        },
+    )
+    .with_context(|| format!("see {}", log.display()))?;
+    Ok(proc)
+}
+
+/// The unix socket OVS connects to for OpenFlow, inside OVS's run directory.
+pub fn openflow_socket(ovs_dir: &Path) -> PathBuf {
+    ovs_dir.join("quicsdn-openflow.sock")
+}

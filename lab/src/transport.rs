@@ -86,17 +86,19 @@ mod tests {
     #[test]
     fn targets() {
         let ip = Ipv4Addr::new(10, 254, 1, 1);
+        let dir = Path::new("/run/quicsdn-lab/qsdn/sw1");
         assert_eq!(
-            Transport::Tcp.ovs_target(ip, 6653).unwrap(),
+            Transport::Tcp.ovs_target(ip, 6653, dir),
             "tcp:10.254.1.1:6653"
         );
         assert_eq!(
-            Transport::Tls.ovs_target(ip, 6653).unwrap(),
+            Transport::Tls.ovs_target(ip, 6653, dir),
             "ssl:10.254.1.1:6653"
         );
-        let e = Transport::Quic.ovs_target(ip, 6653).unwrap_err();
-        assert!(e.to_string().contains("not available yet"));
-        assert!(Transport::Quic.check_available().is_err());
+        assert_eq!(
+            Transport::Quic.ovs_target(ip, 6653, dir),
+            "unix:/run/quicsdn-lab/qsdn/sw1/quicsdn-openflow.sock"
+        );
         assert_eq!("tls".parse::<Transport>().unwrap(), Transport::Tls);
         assert!("udp".parse::<Transport>().is_err());
     }

@@ -333,6 +333,111 @@ async fn pump_in(
     (end, bytes)
 }
 
+/// A chunk read from a lane: `Ok(None)` when the lane finished.
+type LaneRead = (usize, Result<Option<Bytes>, ReadError>);
+
+/// Where the in-direction reads lanes from. One lane is read in place; several are
+/// read by one task each into a small bounded channel, whose capacity is then the
+/// only buffering between QUIC and the local socket.
+enum LaneReader {
+    Single {
+        recv: RecvStream,
+        initial: Option<Bytes>,
+        done: bool,
+    },
+    Multi {
+        rx: mpsc::Receiver<LaneRead>,
+        stop: watch::Sender<Option<u32>>,
+        readers: tokio::task::JoinSet<()>,
+    },
+}
+
+impl LaneReader {
+    fn new(mut recvs: Vec<(RecvStream, Bytes)>) -> LaneReader {
+        if recvs.len() == 1 {
+            let (recv, initial) = recvs.pop().expect("one lane");
+            return LaneReader::Single {
+                recv,
+                initial: (!initial.is_empty()).then_some(initial),
+                done: false,
+            };
+        }
+        let (tx, rx) = mpsc::channel::<LaneRead>(recvs.len() * 2);
+        let (stop, stop_rx) = watch::channel(None::<u32>);
+        let mut readers = tokio::task::JoinSet::new();
+        for (lane, (mut recv, initial)) in recvs.into_iter().enumerate() {
+            let tx = tx.clone();
+            let mut stop = stop_rx.clone();
+            readers.spawn(async move {
+                if !initial.is_empty() && tx.send((lane, Ok(Some(initial)))).await.is_err() {
+                    return;
+                }
+                loop {
+                    let r = match or_abort(&mut stop, recv.read_chunk(usize::MAX, true)).await {
+                        Err(c) => {
+                            let _ = recv.stop(VarInt::from_u32(c));
+                            return;
+                        }
+                        Ok(r) => r.map(|c| c.map(|c| c.bytes)),
+                    };
+                    let last = !matches!(r, Ok(Some(_)));
+                    if tx.send((lane, r)).await.is_err() || last {
+                        if !last {
+                            let _ = recv.stop(VarInt::from_u32(code::LOCAL_ABORT));
+                        }
+                        return;
+                    }
+                }
+            });
+        }
+        LaneReader::Multi { rx, stop, readers }
+    }
+
+    /// The next chunk of any lane; `None` only if the lane readers died.
+    async fn next(&mut self) -> Option<LaneRead> {
+        match self {
+            LaneReader::Single {
+                recv,
+                initial,
+                done,
+            } => {
+                if let Some(b) = initial.take() {
+                    return Some((0, Ok(Some(b))));
+                }
+                let r = recv
+                    .read_chunk(usize::MAX, true)
+                    .await
+                    .map(|c| c.map(|c| c.bytes));
+                *done = !matches!(r, Ok(Some(_)));
+                Some((0, r))
+            }
+            LaneReader::Multi { rx, .. } => rx.recv().await,
+        }
+    }
+
+    /// Asks the peer to stop sending on every unfinished lane (STOP_SENDING with
+    /// `c`) and waits until the readers are gone.
+    async fn stop(self, c: Option<u32>) {
+        match self {
+            LaneReader::Single { mut recv, done, .. } => {
+                if let (Some(c), false) = (c, done) {
+                    let _ = recv.stop(VarInt::from_u32(c));
+                }
+            }
+            LaneReader::Multi {
+                stop, mut readers, ..
+            } => {
+                let _ = stop.send(c);
+                if c.is_none() {
+                    // Finished normally: every reader has already returned.
+                    readers.abort_all();
+                }
+                while readers.join_next().await.is_some() {}
+            }
+        }
+    }
+}
+
 async fn pump_in_inner(
     mut wr: LocalWrite,
     mut inbound: Inbound,
@@ -340,46 +445,16 @@ async fn pump_in_inner(
     mut abort: watch::Receiver<Option<u32>>,
     bytes: &mut u64,
 ) -> End {
-    // Each lane is read by its own task into a small bounded channel; the channel's
-    // capacity is the only buffering between QUIC and the local socket.
-    let lanes = recvs.len();
-    let (tx, mut rx) = mpsc::channel::<(usize, Result<Option<Bytes>, ReadError>)>(lanes * 2);
-    let (stop_tx, stop_rx) = watch::channel(None::<u32>);
-    let mut readers = tokio::task::JoinSet::new();
-    for (lane, (mut recv, initial)) in recvs.into_iter().enumerate() {
-        let tx = tx.clone();
-        let mut stop = stop_rx.clone();
-        readers.spawn(async move {
-            if !initial.is_empty() && tx.send((lane, Ok(Some(initial)))).await.is_err() {
-                return;
+    let mut lanes = LaneReader::new(recvs);
+    let (end, stop) = loop {
+        let (lane, r) = match or_abort(&mut abort, lanes.next()).await {
+            Err(c) => break (End::Aborted, Some(c)),
+            Ok(None) => {
+                break (
+                    End::RemoteMalformed("a lane reader ended unexpectedly".into()),
+                    Some(code::LOCAL_ABORT),
+                );
             }
-            loop {
-                let r = match or_abort(&mut stop, recv.read_chunk(usize::MAX, true)).await {
-                    Err(c) => {
-                        let _ = recv.stop(VarInt::from_u32(c));
-                        return;
-                    }
-                    Ok(r) => r.map(|c| c.map(|c| c.bytes)),
-                };
-                let last = !matches!(r, Ok(Some(_)));
-                if tx.send((lane, r)).await.is_err() || last {
-                    if !last {
-                        let _ = recv.stop(VarInt::from_u32(code::LOCAL_ABORT));
-                    }
-                    return;
-                }
-            }
-        });
-    }
-    drop(tx);
-    let end = loop {
-        let (lane, r) = match or_abort(&mut abort, rx.recv()).await {
-            Err(c) => {
-                let _ = stop_tx.send(Some(c));
-                break End::Aborted;
-            }
-            // Readers report their last result before exiting, so this means one died.
-            Ok(None) => break End::RemoteMalformed("a lane reader ended unexpectedly".into()),
             Ok(Some(item)) => item,
         };
         match r {
@@ -387,43 +462,36 @@ async fn pump_in_inner(
                 Ok(Some(out)) => {
                     *bytes += out.len() as u64;
                     match or_abort(&mut abort, wr.write_all(&out)).await {
-                        Err(c) => {
-                            let _ = stop_tx.send(Some(c));
-                            break End::Aborted;
-                        }
-                        Ok(Err(e)) => {
-                            let _ = stop_tx.send(Some(code::LOCAL_ABORT));
-                            break End::LocalIo(e);
-                        }
+                        Err(c) => break (End::Aborted, Some(c)),
+                        Ok(Err(e)) => break (End::LocalIo(e), Some(code::LOCAL_ABORT)),
                         Ok(Ok(())) => {}
                     }
                 }
                 Ok(None) => {}
                 Err(e) => {
-                    let _ = stop_tx.send(Some(code::PROTOCOL_VIOLATION));
-                    break End::RemoteMalformed(format!("lane {lane}: {e}"));
+                    break (
+                        End::RemoteMalformed(format!("lane {lane}: {e}")),
+                        Some(code::PROTOCOL_VIOLATION),
+                    );
                 }
             },
             Ok(None) => match inbound.finish(lane) {
                 Ok(true) => {
                     let _ = wr.shutdown().await;
-                    break End::Finished;
+                    break (End::Finished, None);
                 }
                 Ok(false) => {}
                 Err(e) => {
-                    let _ = stop_tx.send(Some(code::PROTOCOL_VIOLATION));
-                    break End::RemoteMalformed(e.to_string());
+                    break (
+                        End::RemoteMalformed(e.to_string()),
+                        Some(code::PROTOCOL_VIOLATION),
+                    );
                 }
             },
-            Err(e) => {
-                let _ = stop_tx.send(Some(code::LOCAL_ABORT));
-                break read_end(e);
-            }
+            Err(e) => break (read_end(e), Some(code::LOCAL_ABORT)),
         }
     };
-    // Let readers act on the stop signal (STOP_SENDING with the code) before the
-    // session drops the streams.
-    while readers.join_next().await.is_some() {}
+    lanes.stop(stop).await;
     end
 }
 

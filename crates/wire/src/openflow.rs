@@ -1,13 +1,13 @@
 //! OpenFlow headers and message types, for every wire version quicsdn may carry.
 //!
-//! OpenFlow 1.3.5 §7.1.1: every message begins with `struct ofp_header { uint8_t version;
+//! OpenFlow 1.3.5 §7.1: every message begins with `struct ofp_header { uint8_t version;
 //! uint8_t type; uint16_t length; uint32_t xid; }`, where "length" is the "length
 //! including this ofp_header". The header layout is the same in every version
 //! (1.0 through 1.5), which is what lets the agents frame any version without
 //! negotiating one. quicsdn never rewrites a message; it only reads headers to find
 //! boundaries and to name what it forwards in logs and scheduling.
 
-/// Size of `struct ofp_header` (OpenFlow 1.3.5 §7.1.1: `OFP_ASSERT(sizeof(struct ofp_header) == 8)`).
+/// Size of `struct ofp_header` (OpenFlow 1.3.5 §7.1: `OFP_ASSERT(sizeof(struct ofp_header) == 8)`).
 pub const HEADER_LEN: usize = 8;
 /// The `length` field is 16 bits, so no OpenFlow message exceeds this.
 pub const MAX_MESSAGE_LEN: usize = u16::MAX as usize;
@@ -145,7 +145,7 @@ impl Kind {
                 t => Unknown(t),
             };
         }
-        // OpenFlow 1.3.5 §7.1.1 / 1.5.1 §7.1.1 `enum ofp_type`; each version only
+        // OpenFlow 1.3.5 §7.1 / 1.5.1 §7.1 `enum ofp_type`; each version only
         // appends, so the highest number a version defines bounds the table.
         let highest = match version {
             OFP11_VERSION => 23,

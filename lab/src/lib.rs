@@ -11,7 +11,7 @@
 //!   `ovs-vsctl`/`ovs-ofctl`/`ovs-appctl`; bridges, ports, controllers;
 //! * [`host`]: attach a host namespace to a bridge; ping;
 //! * [`controller`]: run os-ken/Ryu/Faucet from their pinned venvs;
-//! * [`pki`]: a throw-away CA and certificates (openssl);
+//! * [`pki`]: a throw-away CA and certificates (quicsdn's own PKI);
 //! * [`control_link`]: the switch-to-controller links (plain veth for now);
 //! * [`transport`]: `tcp`, `tls` and `quic`; [`agents`] runs the quicsdn agents;
 //! * [`topology`]: `up`/`down`/`status` of a whole lab, recorded in [`state`];

@@ -1,18 +1,16 @@
-//! A throw-away certificate authority for the lab's `tls` transport, made with
-//! `openssl` (ECDSA P-256 keys, PEM files).
+//! The lab's certificate authority, for the `tls` and `quic` transports: the
+//! same PKI as `quicsdn pki` (`quicsdn_transport::pki`), so one CA serves OVS
+//! (`ovs-vsctl set-ssl`), the controllers' TLS listeners and the quicsdn agents.
 //!
 //! Layout of the directory: `ca.crt`, `ca.key`, and `NAME.crt`/`NAME.key` per
 //! issued name. Each certificate has `CN=NAME` and `NAME` as a DNS
-//! subject-alternative name and is valid for both server and client
-//! authentication, so the same files serve OVS (`ovs-vsctl set-ssl`), the
-//! controllers' TLS listeners and, later, the quicsdn agents (which take PEM
-//! files too). Keys are unencrypted and readable by root only.
+//! subject-alternative name, ECDSA P-256, and is valid for both server and
+//! client authentication. Keys are unencrypted and readable by root only.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
-
-use crate::cmd::run_args;
+use anyhow::{Context, Result};
+use quicsdn_transport::pki::{self, Validity};
 
 /// A CA directory.
 #[derive(Debug, Clone)]
@@ -27,23 +25,8 @@ pub struct CertPair {
     pub cert: PathBuf,
 }
 
-const DAYS: &str = "825";
-
-fn check_name(name: &str) -> Result<()> {
-    if name.is_empty()
-        || name == "ca"
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
-    {
-        bail!("bad certificate name {name:?} (letters, digits, '-', '.'; not \"ca\")");
-    }
-    Ok(())
-}
-
-fn s(p: &Path) -> String {
-    p.to_string_lossy().into_owned()
-}
+/// Lab certificates outlive any lab run.
+const DAYS: u32 = 825;
 
 impl Pki {
     /// Creates `dir` with a new CA (`ca.key`, `ca.crt`). Fails if one is there already.
@@ -54,37 +37,10 @@ impl Pki {
             .mode(0o700)
             .create(dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
-        let pki = Pki {
+        pki::init_ca(dir, "quicsdn-lab CA", Validity::days(DAYS))?;
+        Ok(Pki {
             dir: dir.to_path_buf(),
-        };
-        if pki.ca_cert().exists() {
-            bail!("{} already exists", pki.ca_cert().display());
-        }
-        run_args(
-            "openssl",
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                &s(&dir.join("ca.key")),
-                "-out",
-                &s(&pki.ca_cert()),
-                "-days",
-                DAYS,
-                "-subj",
-                "/CN=quicsdn-lab CA",
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign",
-            ],
-        )?;
-        Ok(pki)
+        })
     }
 
     /// An existing CA directory.
@@ -95,72 +51,19 @@ impl Pki {
     }
 
     pub fn ca_cert(&self) -> PathBuf {
-        self.dir.join("ca.crt")
+        pki::ca_paths(&self.dir).0
     }
 
     /// The files [`Pki::issue`] writes for `name`.
     pub fn pair(&self, name: &str) -> CertPair {
-        CertPair {
-            key: self.dir.join(format!("{name}.key")),
-            cert: self.dir.join(format!("{name}.crt")),
-        }
+        let (cert, key) = pki::cert_paths(&self.dir, name);
+        CertPair { key, cert }
     }
 
     /// Issues `NAME.key` + `NAME.crt` signed by the CA.
     pub fn issue(&self, name: &str) -> Result<CertPair> {
-        check_name(name)?;
-        let pair = self.pair(name);
-        let csr = self.dir.join(format!("{name}.csr"));
-        let ext = self.dir.join(format!("{name}.ext"));
-        std::fs::write(
-            &ext,
-            format!(
-                "basicConstraints=critical,CA:FALSE\n\
-                 keyUsage=critical,digitalSignature,keyEncipherment\n\
-                 extendedKeyUsage=serverAuth,clientAuth\n\
-                 subjectAltName=DNS:{name}\n"
-            ),
-        )?;
-        run_args(
-            "openssl",
-            &[
-                "req",
-                "-new",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                &s(&pair.key),
-                "-out",
-                &s(&csr),
-                "-subj",
-                &format!("/CN={name}"),
-            ],
-        )?;
-        run_args(
-            "openssl",
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &s(&csr),
-                "-CA",
-                &s(&self.ca_cert()),
-                "-CAkey",
-                &s(&self.dir.join("ca.key")),
-                "-CAcreateserial",
-                "-days",
-                DAYS,
-                "-extfile",
-                &s(&ext),
-                "-out",
-                &s(&pair.cert),
-            ],
-        )?;
-        let _ = std::fs::remove_file(csr);
-        let _ = std::fs::remove_file(ext);
-        Ok(pair)
+        pki::issue(&self.dir, name, &[], Validity::days(DAYS))
+            .with_context(|| format!("issuing a lab certificate for {name}"))?;
+        Ok(self.pair(name))
     }
 }

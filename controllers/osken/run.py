@@ -11,8 +11,8 @@ logging, run the apps until killed.
 
 With the three --tls-* options it listens for OpenFlow over TLS on --port
 (os-ken then opens no plain TCP listener) and requires a client certificate
-signed by CA. APP is a module name or a .py path; default: l2_learning.py
-next to this file.
+signed by CA. APP is a module name or a .py path; default: ../l2_learning.py
+(shared with the other controller).
 """
 
 import argparse
@@ -48,7 +48,7 @@ def main():
     p.add_argument("--tls-cert")
     p.add_argument("--tls-ca")
     p.add_argument("--verbose", action="store_true")
-    p.add_argument("apps", nargs="*", default=[os.path.join(HERE, "l2_learning.py")])
+    p.add_argument("apps", nargs="*", default=[os.path.join(HERE, "..", "l2_learning.py")])
     a = p.parse_args()
 
     tls = [a.tls_key, a.tls_cert, a.tls_ca]

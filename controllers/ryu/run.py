@@ -9,8 +9,8 @@ Same options as controllers/osken/run.py:
 
 With the three --tls-* options Ryu listens for OpenFlow over TLS on --port
 (and opens no plain TCP listener) and requires a client certificate signed
-by CA. APP is a module name or a .py path; default: l2_learning.py next to
-this file.
+by CA. APP is a module name or a .py path; default: ../l2_learning.py
+(shared with the other controller).
 """
 
 import argparse
@@ -73,7 +73,7 @@ def main():
     p.add_argument("--tls-cert")
     p.add_argument("--tls-ca")
     p.add_argument("--verbose", action="store_true")
-    p.add_argument("apps", nargs="*", default=[os.path.join(HERE, "l2_learning.py")])
+    p.add_argument("apps", nargs="*", default=[os.path.join(HERE, "..", "l2_learning.py")])
     a = p.parse_args()
 
     tls = [a.tls_key, a.tls_cert, a.tls_ca]

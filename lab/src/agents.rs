@@ -55,6 +55,36 @@ impl AgentTls {
     }
 }
 
+/// Runs `quicsdn ARGS` in `netns` as a recorded service logging to `log`, and
+/// waits until it logs `ready` (each agent logs a fixed line once it listens).
+fn spawn_agent(
+    netns: &Netns,
+    what: &str,
+    args: Vec<String>,
+    ready: &str,
+    log: &Path,
+) -> Result<ProcRecord> {
+    let mut c = netns.command(quicsdn_binary()?);
+    c.args(&args);
+    let name = format!("quicsdn {what} in {}", netns.name);
+    let proc = spawn_service(&name, &mut c, log)?;
+    poll_until(
+        &format!("{name} to listen"),
+        Duration::from_secs(10),
+        || {
+            if !proc.is_alive() {
+                bail!("{name} exited: {}", log_tail(log, 10));
+            }
+            Ok(std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .contains(ready)
+                .then_some(()))
+        },
+    )
+    .with_context(|| format!("see {}", log.display()))?;
+    Ok(proc)
+}
+
 /// Starts a controller agent in `netns`, listening on UDP `listen`, with
 /// `services` (`NAME=TARGET` as `quicsdn controller --service` takes them).
 pub fn start_controller_agent(
@@ -65,33 +95,21 @@ pub fn start_controller_agent(
     extra: &[String],
     log: &Path,
 ) -> Result<ProcRecord> {
-    let mut c = netns.command(quicsdn_binary()?);
-    c.args(["controller", &format!("--listen={listen}")])
-        .args(tls.args())
-        .args(services.iter().map(|s| format!("--service={s}")))
-        .args(extra);
-    let name = format!("quicsdn controller agent in {}", netns.name);
-    let proc = spawn_service(&name, &mut c, log)?;
-    // Ready once it logged that it listens (it binds before logging).
-    poll_until(
-        &format!("{name} to listen"),
-        Duration::from_secs(10),
-        || {
-            if !proc.is_alive() {
-                bail!("{name} exited: {}", log_tail(log, 10));
-            }
-            Ok(std::fs::read_to_string(log)
-                .unwrap_or_default()
-                .contains("controller agent listening")
-                .then_some(()))
-        },
-    )?;
-    Ok(proc)
+    let mut args = vec!["controller".to_string(), format!("--listen={listen}")];
+    args.extend(tls.args());
+    args.extend(services.iter().map(|s| format!("--service={s}")));
+    args.extend_from_slice(extra);
+    spawn_agent(
+        netns,
+        "controller agent",
+        args,
+        "controller agent listening",
+        log,
+    )
 }
 
 /// Starts a switch agent in `netns` for the controller agent at `controller`
-/// (`IP:PORT`), and waits until its first listening service is up (a unix
-/// socket exists or a TCP port listens).
+/// (`IP:PORT`), and waits until its listening services are up.
 pub fn start_switch_agent(
     netns: &Netns,
     controller: &str,
@@ -101,32 +119,15 @@ pub fn start_switch_agent(
     extra: &[String],
     log: &Path,
 ) -> Result<ProcRecord> {
-    let mut c = netns.command(quicsdn_binary()?);
-    c.args([
-        "switch",
-        &format!("--controller={controller}"),
-        &format!("--server-name={server_name}"),
-    ])
-    .args(tls.args())
-    .args(services.iter().map(|s| format!("--service={s}")))
-    .args(extra);
-    let name = format!("quicsdn switch agent in {}", netns.name);
-    let proc = spawn_service(&name, &mut c, log)?;
-    poll_until(
-        &format!("{name} to listen"),
-        Duration::from_secs(10),
-        || {
-            if !proc.is_alive() {
-                bail!("{name} exited: {}", log_tail(log, 10));
-            }
-            Ok(std::fs::read_to_string(log)
-                .unwrap_or_default()
-                .contains("waiting for OVS")
-                .then_some(()))
-        },
-    )
-    .with_context(|| format!("see {}", log.display()))?;
-    Ok(proc)
+    let mut args = vec![
+        "switch".to_string(),
+        format!("--controller={controller}"),
+        format!("--server-name={server_name}"),
+    ];
+    args.extend(tls.args());
+    args.extend(services.iter().map(|s| format!("--service={s}")));
+    args.extend_from_slice(extra);
+    spawn_agent(netns, "switch agent", args, "waiting for OVS", log)
 }
 
 /// The unix socket OVS connects to for OpenFlow, inside OVS's run directory.

@@ -117,6 +117,18 @@ pub struct CommonConfig {
 }
 
 impl CommonConfig {
+    /// The given credentials and services, with every other setting at its default.
+    pub fn new(tls: TlsFiles, services: Vec<ServiceConfig>) -> CommonConfig {
+        CommonConfig {
+            tls,
+            services,
+            streams: StreamMode::Ordered,
+            quic: QuicOptions::default(),
+            max_message: None,
+            local_connect_timeout: Duration::from_secs(5),
+        }
+    }
+
     fn validate(&self, on_switch: bool) -> Result<(), ConfigError> {
         if self.services.is_empty() {
             return Err(ConfigError::Invalid(
@@ -240,21 +252,13 @@ mod tests {
     }
 
     fn common(services: &[&str]) -> CommonConfig {
-        CommonConfig {
-            tls: TlsFiles {
-                ca: "/ca".into(),
-                cert: "/c".into(),
-                key: "/k".into(),
-            },
-            services: services
-                .iter()
-                .map(|s| ServiceConfig::parse(s).unwrap())
-                .collect(),
-            streams: StreamMode::Ordered,
-            quic: QuicOptions::default(),
-            max_message: None,
-            local_connect_timeout: Duration::from_secs(5),
-        }
+        let tls = TlsFiles {
+            ca: "/ca".into(),
+            cert: "/c".into(),
+            key: "/k".into(),
+        };
+        let services = services.iter().map(|s| ServiceConfig::parse(s).unwrap());
+        CommonConfig::new(tls, services.collect())
     }
 
     #[test]

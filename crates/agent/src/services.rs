@@ -127,26 +127,16 @@ impl ServiceTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use quicsdn_transport::quic::QuicOptions;
     use quicsdn_transport::tls::TlsFiles;
-    use std::time::Duration;
 
     fn table(role: Opener, specs: &[&str]) -> ServiceTable {
-        let common = CommonConfig {
-            tls: TlsFiles {
-                ca: "/ca".into(),
-                cert: "/c".into(),
-                key: "/k".into(),
-            },
-            services: specs
-                .iter()
-                .map(|s| ServiceConfig::parse(s).unwrap())
-                .collect(),
-            streams: StreamMode::Ordered,
-            quic: QuicOptions::default(),
-            max_message: None,
-            local_connect_timeout: Duration::from_secs(1),
+        let tls = TlsFiles {
+            ca: "/ca".into(),
+            cert: "/c".into(),
+            key: "/k".into(),
         };
+        let services = specs.iter().map(|s| ServiceConfig::parse(s).unwrap());
+        let common = CommonConfig::new(tls, services.collect());
         ServiceTable::new(&common, role)
     }
 

@@ -41,64 +41,35 @@ async fn exchange(
 
 #[tokio::test]
 async fn ordered_openflow_is_byte_identical_in_order_both_ways() {
-    let pki = Pki::new();
-    let fake = FakeController::new().await;
-    let (controller, agent) = pair(
-        &pki,
-        "sw1",
-        &[format!("openflow={}", fake.target())],
-        &s(&["openflow=ptcp:0"]),
-        |_, _| {},
-    )
-    .await;
-    let ovs = ovs_connect(&agent, "openflow").await;
-    let ctl = fake.accept().await;
+    let setup = OneService::start("openflow", |_, _| {}).await;
+    let (ovs, ctl) = setup.connect().await;
     let up = openflow_messages(1, 3000);
     let down = openflow_messages(2, 3000);
     let (at_ctl, at_ovs) = exchange(ovs, ctl, &up, &down).await;
     assert!(at_ctl == up.concat(), "switch to controller bytes differ");
     assert!(at_ovs == down.concat(), "controller to switch bytes differ");
-    agent.shutdown().await;
-    controller.shutdown().await;
+    setup.shutdown().await;
 }
 
 #[tokio::test]
 async fn ordered_ovsdb_json_rpc_is_byte_identical_both_ways() {
-    let pki = Pki::new();
-    let fake = FakeController::new().await;
-    let (controller, agent) = pair(
-        &pki,
-        "sw1",
-        &[format!("ovsdb={}", fake.target())],
-        &s(&["ovsdb=ptcp:0"]),
-        |_, _| {},
-    )
-    .await;
-    let ovs = ovs_connect(&agent, "ovsdb").await;
-    let ctl = fake.accept().await;
+    let setup = OneService::start("ovsdb", |_, _| {}).await;
+    let (ovs, ctl) = setup.connect().await;
     let up = jsonrpc_messages(3, 2000);
     let down = jsonrpc_messages(4, 2000);
     let (at_ctl, at_ovs) = exchange(ovs, ctl, &up, &down).await;
     assert!(at_ctl == up.concat());
     assert!(at_ovs == down.concat());
-    agent.shutdown().await;
-    controller.shutdown().await;
+    setup.shutdown().await;
 }
 
 #[tokio::test]
 async fn round_robin_over_16_streams_delivers_every_message_whole() {
-    let pki = Pki::new();
-    let fake = FakeController::new().await;
-    let (controller, agent) = pair(
-        &pki,
-        "sw1",
-        &[format!("openflow={}", fake.target())],
-        &s(&["openflow=ptcp:0"]),
-        |_, sw| sw.common.streams = StreamMode::RoundRobin { lanes: 16 },
-    )
+    let setup = OneService::start("openflow", |_, sw| {
+        sw.common.streams = StreamMode::RoundRobin { lanes: 16 }
+    })
     .await;
-    let ovs = ovs_connect(&agent, "openflow").await;
-    let ctl = fake.accept().await;
+    let (ovs, ctl) = setup.connect().await;
     let up = openflow_messages(5, 4000);
     let down = openflow_messages(6, 4000);
     let (at_ctl, at_ovs) = exchange(ovs, ctl, &up, &down).await;
@@ -110,8 +81,7 @@ async fn round_robin_over_16_streams_delivers_every_message_whole() {
         assert_eq!(got.len(), sent.len());
         assert!(got == sent, "a message was lost, duplicated or altered");
     }
-    agent.shutdown().await;
-    controller.shutdown().await;
+    setup.shutdown().await;
 }
 
 #[tokio::test]
@@ -539,19 +509,9 @@ async fn losing_the_controller_agent_closes_ovs_connections_and_the_switch_recon
 
 #[tokio::test]
 async fn without_flow_control_credit_the_agent_stops_reading() {
-    let pki = Pki::new();
-    let fake = FakeController::new().await;
-    let (controller, agent) = pair(
-        &pki,
-        "sw1",
-        &[format!("openflow={}", fake.target())],
-        &s(&["openflow=ptcp:0"]),
-        |_, _| {},
-    )
-    .await;
-    let ovs = ovs_connect(&agent, "openflow").await;
+    let setup = OneService::start("openflow", |_, _| {}).await;
+    let (ovs, ctl) = setup.connect().await;
     let (_ovs_r, mut ovs_w) = ovs.into_split();
-    let ctl = fake.accept().await;
     // The controller reads nothing. OVS writes as fast as it can, up to 256 MiB.
     let msg = openflow::message(4, 10, 0, &[0x42; 65_527]);
     let total_msgs = (256 << 20) / msg.len();
@@ -590,8 +550,7 @@ async fn without_flow_control_credit_the_agent_stops_reading() {
             .all(|m| m.len() == 65_535 && m[8..].iter().all(|b| *b == 0x42))
     );
     writer.await.unwrap();
-    agent.shutdown().await;
-    controller.shutdown().await;
+    setup.shutdown().await;
 }
 
 #[tokio::test]

@@ -38,17 +38,15 @@ fn init_logging(level: &str, format: LogFormat) -> Result<()> {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    let log_level = |file: &FileConfig| {
+        let level = cli.log_level.as_deref().or(file.log_level.as_deref());
+        init_logging(level.unwrap_or("info"), cli.log_format)
+    };
     match cli.command {
         Command::Pki(cmd) => pki_command(cmd),
         Command::Switch(args) => {
             let file = FileConfig::load(args.common.config.as_deref())?;
-            init_logging(
-                cli.log_level
-                    .as_deref()
-                    .or(file.log_level.as_deref())
-                    .unwrap_or("info"),
-                cli.log_format,
-            )?;
+            log_level(&file)?;
             let config = args.resolve(file)?;
             runtime()?.block_on(async {
                 let agent = SwitchAgent::start(config).await?;
@@ -60,13 +58,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Controller(args) => {
             let file = FileConfig::load(args.common.config.as_deref())?;
-            init_logging(
-                cli.log_level
-                    .as_deref()
-                    .or(file.log_level.as_deref())
-                    .unwrap_or("info"),
-                cli.log_format,
-            )?;
+            log_level(&file)?;
             let config = args.resolve(file)?;
             runtime()?.block_on(async {
                 let agent = ControllerAgent::start(config).await?;

@@ -216,22 +216,14 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// A path from a writer to the sink: connect, then accept the far end.
 type Connect<'a> = dyn FnMut() -> Result<(TcpStream, TcpStream)> + 'a;
 
-fn direct(listener: &TcpListener) -> impl FnMut() -> Result<(TcpStream, TcpStream)> + '_ {
-    move || {
-        let w = TcpStream::connect(listener.local_addr()?)?;
-        w.set_nodelay(true)?;
-        let (r, _) = listener.accept()?;
-        r.set_nodelay(true)?;
-        Ok((w, r))
-    }
-}
-
-fn via_agents(
+/// Connects a writer to `to` and accepts the far end on the sink's listener
+/// (directly, or after the agents relayed the connection).
+fn connector(
     listener: &TcpListener,
-    switch_port: u16,
+    to: SocketAddr,
 ) -> impl FnMut() -> Result<(TcpStream, TcpStream)> + '_ {
     move || {
-        let w = TcpStream::connect(("127.0.0.1", switch_port))?;
+        let w = TcpStream::connect(to)?;
         w.set_nodelay(true)?;
         let (r, _) = listener.accept()?;
         r.set_nodelay(true)?;
@@ -330,8 +322,9 @@ pub fn run(args: RelayArgs) -> Result<()> {
         args.latency_messages,
         args.streams
     );
-    let direct_result = measure(&args, &mut direct(&sink_listener))?;
-    let agents_result = measure(&args, &mut via_agents(&sink_listener, switch_port))?;
+    let direct_result = measure(&args, &mut connector(&sink_listener, sink_addr))?;
+    let switch_addr = SocketAddr::from(([127, 0, 0, 1], switch_port));
+    let agents_result = measure(&args, &mut connector(&sink_listener, switch_addr))?;
     controller.check_alive()?;
     switch.check_alive()?;
 

@@ -6,10 +6,8 @@
 
 use quicsdn_agent::config::{CommonConfig, ControllerConfig, ServiceConfig, SwitchConfig};
 use quicsdn_agent::{ControllerAgent, SwitchAgent};
-use quicsdn_lanes::StreamMode;
 use quicsdn_transport::Target;
 use quicsdn_transport::pki::{self, Validity};
-use quicsdn_transport::quic::QuicOptions;
 use quicsdn_transport::tls::TlsFiles;
 use quicsdn_wire::{Framer, Framing, openflow};
 use std::net::SocketAddr;
@@ -55,17 +53,8 @@ impl Pki {
 }
 
 pub fn common(tls: TlsFiles, services: &[String]) -> CommonConfig {
-    CommonConfig {
-        tls,
-        services: services
-            .iter()
-            .map(|s| ServiceConfig::parse(s).unwrap())
-            .collect(),
-        streams: StreamMode::Ordered,
-        quic: QuicOptions::default(),
-        max_message: None,
-        local_connect_timeout: Duration::from_secs(5),
-    }
+    let services = services.iter().map(|s| ServiceConfig::parse(s).unwrap());
+    CommonConfig::new(tls, services.collect())
 }
 
 pub fn controller_config(pki: &Pki, services: &[String]) -> ControllerConfig {
@@ -149,6 +138,52 @@ pub async fn pair(
         "switch agent never connected"
     );
     (controller, agent)
+}
+
+/// A controller agent and a switch agent `sw1` carrying one service from the
+/// switch agent's `ptcp:0` listener to a fake controller.
+pub struct OneService {
+    pub name: String,
+    pub pki: Pki,
+    pub fake: FakeController,
+    pub controller: ControllerAgent,
+    pub agent: SwitchAgent,
+}
+
+impl OneService {
+    pub async fn start(
+        name: &str,
+        tweak: impl FnOnce(&mut ControllerConfig, &mut SwitchConfig),
+    ) -> OneService {
+        let pki = Pki::new();
+        let fake = FakeController::new().await;
+        let (controller, agent) = pair(
+            &pki,
+            "sw1",
+            &[format!("{name}={}", fake.target())],
+            &[format!("{name}=ptcp:0")],
+            tweak,
+        )
+        .await;
+        OneService {
+            name: name.to_string(),
+            pki,
+            fake,
+            controller,
+            agent,
+        }
+    }
+
+    /// A new session: OVS's end and the controller's end.
+    pub async fn connect(&self) -> (TcpStream, TcpStream) {
+        let ovs = ovs_connect(&self.agent, &self.name).await;
+        (ovs, self.fake.accept().await)
+    }
+
+    pub async fn shutdown(self) {
+        self.agent.shutdown().await;
+        self.controller.shutdown().await;
+    }
 }
 
 /// Deterministic pseudo-random numbers (xorshift64*), so failures reproduce.

@@ -1,4 +1,4 @@
-"""L2 learning switch for OpenFlow 1.3, as a Ryu app.
+"""L2 learning switch for OpenFlow 1.3, for os-ken and Ryu alike.
 
 Per datapath it learns MAC -> ingress port from every packet-in, installs a
 flow (in_port, eth_src, eth_dst -> output) once the destination is known, and
@@ -7,21 +7,34 @@ table-miss entry that sends unmatched packets to the controller, so the
 switch's flows always agree with this app's (fresh) MAC table; this matters
 with fail_mode=secure, where Open vSwitch keeps flows across reconnections.
 
-Keep in step with controllers/osken/l2_learning.py (same logic, os-ken API).
+os-ken is Ryu's fork with its package renamed, so one app serves both: it
+imports whichever of the two its interpreter has (each controller's venv holds
+exactly one).
 """
 
-from ryu.base import app_manager
-from ryu.controller import ofp_event
-from ryu.controller.handler import CONFIG_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
-from ryu.lib.packet import ethernet, ether_types, packet
-from ryu.ofproto import ofproto_v1_3
+try:
+    from os_ken.base import app_manager
+    from os_ken.controller import ofp_event
+    from os_ken.controller.handler import CONFIG_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
+    from os_ken.lib.packet import ethernet, ether_types, packet
+    from os_ken.ofproto import ofproto_v1_3
+
+    App = app_manager.OSKenApp
+except ImportError:
+    from ryu.base import app_manager
+    from ryu.controller import ofp_event
+    from ryu.controller.handler import CONFIG_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
+    from ryu.lib.packet import ethernet, ether_types, packet
+    from ryu.ofproto import ofproto_v1_3
+
+    App = app_manager.RyuApp
 
 # Learned flows expire when idle so a host that moves is relearned.
 IDLE_TIMEOUT = 60
 LEARNED_PRIORITY = 10
 
 
-class L2Learning(app_manager.RyuApp):
+class L2Learning(App):
     OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]
 
     def __init__(self, *args, **kwargs):

@@ -1,1 +1,3 @@
-//! quicsdn-lab
+//! quicsdn-lab: a one-command emulated SDN testbed.
+
+pub mod emulator;

@@ -23,10 +23,14 @@ enum Command {
     Bench(emulator::cli::BenchArgs),
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().cmd {
+fn main() {
+    let result = match Cli::parse().cmd {
         Command::Emulate(a) => emulator::cli::emulate(a),
         Command::Link(a) => emulator::cli::link(a),
         Command::Bench(a) => emulator::cli::bench(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
     }
 }

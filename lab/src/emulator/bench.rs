@@ -21,8 +21,9 @@ pub struct BenchOpts {
     /// Ethernet frame size in bytes (UDP payload = size - 42; at least 58).
     #[arg(long, default_value_t = 64)]
     pub frame: usize,
-    /// Offered datagrams per second per direction; 0 = as fast as the senders can.
-    #[arg(long, default_value_t = 0.0)]
+    /// Offered datagrams per second per direction (default: the 100k target plus 10 %);
+    /// 0 = as fast as the senders can (saturation).
+    #[arg(long, default_value_t = 110_000.0)]
     pub pps: f64,
     /// One-way delay on the link during the benchmark (exercises the delay line).
     #[arg(long, value_parser = parse_duration_ns, default_value = "0")]

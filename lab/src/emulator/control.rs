@@ -29,6 +29,7 @@ use super::model::{ClassCounters, DirCounters, DirSettings, JitterDist, LossMode
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
+#[allow(clippy::large_enum_variant)] // rare control messages; boxing would only obscure them
 pub enum Request {
     Show,
     Set {

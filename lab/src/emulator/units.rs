@@ -126,7 +126,7 @@ pub fn parse_rate_bps(input: &str) -> Result<u64, UnitError> {
 pub fn fmt_duration_ns(ns: u64) -> String {
     if ns == 0 {
         "0".into()
-    } else if ns % 1_000_000_000 == 0 {
+    } else if ns.is_multiple_of(1_000_000_000) {
         format!("{}s", ns / 1_000_000_000)
     } else if ns >= 1_000_000 {
         trim_float(ns as f64 / 1e6, "ms")

@@ -18,6 +18,9 @@ use super::control::LinkControl;
 use super::model::{DirSettings, PipeConfig};
 use super::sys;
 
+/// Kernel queue length of each TAP (frames waiting for the forwarder to read them).
+pub const TAP_TXQUEUELEN: &str = "4096";
+
 /// Default directory for control sockets, spec/record files and forwarder logs.
 pub const DEFAULT_RUN_DIR: &str = "/run/quicsdn-lab/emulator";
 
@@ -328,8 +331,21 @@ fn setup_side(spec: &LinkSpec, s: &Side) -> Result<()> {
         ns,
         &format!("configuring {}", s.tap),
         "ip",
+        // A longer TAP queue (default 1000) absorbs scheduling hiccups of the forwarder
+        // instead of dropping frames in the kernel before the emulator sees them.
         &[
-            "-n", ns, "link", "set", "dev", s.tap, "address", s.mac, "mtu", &mtu,
+            "-n",
+            ns,
+            "link",
+            "set",
+            "dev",
+            s.tap,
+            "address",
+            s.mac,
+            "mtu",
+            &mtu,
+            "txqueuelen",
+            TAP_TXQUEUELEN,
         ],
     )?;
     run(

@@ -31,9 +31,9 @@ pub struct BenchOpts {
     /// Only the A→B direction carries traffic.
     #[arg(long)]
     pub one_way: bool,
-    /// Run the forwarder with SCHED_FIFO (as the lab does by default).
+    /// Run the forwarder with normal scheduling instead of SCHED_FIFO (the lab's default).
     #[arg(long)]
-    pub realtime: bool,
+    pub no_realtime: bool,
 }
 
 struct DirResult {
@@ -55,7 +55,7 @@ pub fn run(o: BenchOpts) -> Result<()> {
             delay_ns: o.delay,
             ..Default::default()
         });
-    spec.realtime = o.realtime;
+    spec.realtime = !o.no_realtime;
     spec.run_dir = run_dir.clone();
     spec.seed = Some(1);
     let link = LinkGuard::create(&spec, &default_exe()?)?;
@@ -120,10 +120,10 @@ pub fn run(o: BenchOpts) -> Result<()> {
         payload + 42,
         elapsed,
         super::units::fmt_duration_ns(o.delay),
-        if o.realtime {
-            "SCHED_FIFO"
-        } else {
+        if o.no_realtime {
             "SCHED_OTHER"
+        } else {
+            "SCHED_FIFO"
         }
     );
     for (name, r) in [("a->b", &r_ab), ("b->a", &r_ba)] {
@@ -139,6 +139,13 @@ pub fn run(o: BenchOpts) -> Result<()> {
             r.received as f64 / elapsed,
             100.0 * (r.sent - r.offered.min(r.sent)) as f64 / r.sent.max(1) as f64
         );
+        if o.pps > 0.0 && (r.sent as f64 / elapsed) < 0.95 * o.pps {
+            println!(
+                "        (the sender reached only {:.0} % of --pps {}: the machine is short of CPU)",
+                100.0 * r.sent as f64 / elapsed / o.pps,
+                o.pps
+            );
+        }
     }
     println!(
         "  forwarder CPU: {:.3} s over {:.2} s ({:.0} % of one core), {:.2} us per forwarded frame",

@@ -348,6 +348,18 @@ fn setup_side(spec: &LinkSpec, s: &Side) -> Result<()> {
             TAP_TXQUEUELEN,
         ],
     )?;
+    // No qdisc between the stack and the emulator: pfifo_fast would reorder frames by TOS
+    // band (OVS marks control traffic DSCP 48) and drop on its own; the TAP's ring
+    // (txqueuelen frames) stays the only queue before the emulator.
+    run(
+        l,
+        ns,
+        &format!("setting qdisc noqueue on {}", s.tap),
+        "tc",
+        &[
+            "-n", ns, "qdisc", "replace", "dev", s.tap, "root", "noqueue",
+        ],
+    )?;
     run(
         l,
         ns,
@@ -499,6 +511,16 @@ pub fn spawn_forwarder(spec: &LinkSpec, exe: &Path) -> Result<LinkRecord> {
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }
+    // Attaching gives the TAPs carrier, but the kernel activates their qdisc a moment
+    // later (linkwatch); until then frames sent into a TAP are silently dropped. Wait for
+    // that, so "created" means "forwarding".
+    for (ns, tap) in [(&spec.ns_a, &spec.tap_a), (&spec.ns_b, &spec.tap_b)] {
+        if let Err(e) = wait_tap_active(l, ns, tap) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+    }
     // Reap the child whenever it exits so it never lingers as a zombie in a long-lived
     // caller (tests, the lab); the PID stays valid for teardown until then.
     std::thread::spawn(move || {
@@ -516,6 +538,30 @@ pub fn spawn_forwarder(spec: &LinkSpec, exe: &Path) -> Result<LinkRecord> {
     };
     rec.save()?;
     Ok(rec)
+}
+
+/// Waits until `ip link` shows the TAP operationally up with its qdisc active (not
+/// `noop`). `ip` reads under the same lock the kernel holds while activating, so once it
+/// shows both, frames are accepted.
+fn wait_tap_active(link: &str, ns: &str, tap: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        let out = Command::new("ip")
+            .args(["-n", ns, "-o", "link", "show", "dev", tap])
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("link {link}: namespace {ns}: cannot run ip"))?;
+        last = String::from_utf8_lossy(&out.stdout).into_owned();
+        if last.contains("state UP") && !last.contains("qdisc noop") {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    bail!(
+        "link {link}: namespace {ns}: TAP {tap} did not come up after the forwarder attached: {}",
+        last.trim()
+    )
 }
 
 /// Creates TAPs and starts the forwarder: the one call to bring a link up.

@@ -1115,6 +1115,8 @@ fn cli_up_set_show_down_leaves_nothing_behind() {
             .contains("Table 1")
     );
     assert!(rep["a_to_b"]["classes"]["openflow"]["offered"]["wire_bytes"].is_u64());
+    assert_eq!(rep["a_to_b"]["kernel_sending_tap"]["tx_dropped"], 0);
+    assert!(rep["b_to_a"]["kernel_sending_tap"]["tx_packets"].is_u64());
 
     // Clear errors.
     let e = lab(&dir, &["link", "set", &id, "--delay", "25"]);

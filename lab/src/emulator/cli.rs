@@ -452,7 +452,19 @@ pub fn link(args: LinkArgs) -> Result<()> {
                 rep.a_to_b.classes.clear();
                 rep.b_to_a.classes.clear();
             }
-            println!("{}", serde_json::to_string_pretty(&rep)?);
+            let mut v = serde_json::to_value(&rep)?;
+            // Frames the kernel dropped before the emulator read them are not in the
+            // emulator's counters; show them next to it (since the TAP was created).
+            for (dir, ns, tap) in [
+                ("a_to_b", &st.ns_a, &st.tap_a),
+                ("b_to_a", &st.ns_b, &st.tap_b),
+            ] {
+                v[dir]["kernel_sending_tap"] = match link::tap_kernel_stats(&name, ns, tap) {
+                    Ok(k) => serde_json::to_value(k)?,
+                    Err(e) => serde_json::Value::String(format!("{e:#}")),
+                };
+            }
+            println!("{}", serde_json::to_string_pretty(&v)?);
             Ok(())
         }
         LinkCmd::Reset { name, run_dir } => {

@@ -183,7 +183,17 @@ pub fn run(spec: LinkSpec) -> Result<()> {
         for ev in &events[..n] {
             let token = ev.u64;
             match token {
-                t if t == TOK_TAP[0] || t == TOK_TAP[1] => fw.read_batch(t as usize),
+                t if t == TOK_TAP[0] || t == TOK_TAP[1] => {
+                    if let Err(e) = fw.read_batch(t as usize) {
+                        let (ns, tap) = if t == 0 {
+                            (&fw.spec.ns_a, &fw.spec.tap_a)
+                        } else {
+                            (&fw.spec.ns_b, &fw.spec.tap_b)
+                        };
+                        eprintln!("link {l}: namespace {ns}: TAP {tap} failed ({e}); exiting");
+                        shutdown = true;
+                    }
+                }
                 TOK_TIMER => timer.ack(),
                 TOK_LISTEN => accept_all(&listener, &epoll, &mut conns),
                 TOK_SIGNAL => {
@@ -253,7 +263,10 @@ fn accept_all(listener: &UnixListener, epoll: &Epoll, conns: &mut Vec<Option<Con
 }
 
 impl Forwarder {
-    fn read_batch(&mut self, dir: usize) {
+    /// Reads up to [`BATCH`] frames. `Err` means the TAP is gone (deleted, or its
+    /// namespace removed): the link is dead, and level-triggered epoll would otherwise
+    /// report the error forever.
+    fn read_batch(&mut self, dir: usize) -> std::io::Result<()> {
         let fd: RawFd = self.taps[dir].as_raw_fd();
         let pool = &mut self.pools[dir];
         let pipe = &mut self.pipes[dir];
@@ -269,14 +282,20 @@ impl Forwarder {
                         _ => pool.put(t),
                     }
                 }
-                // EAGAIN: drained. EIO etc.: the TAP went away; the loop keeps serving
-                // the control socket so the link can still be inspected or stopped.
-                _ => {
+                Ok(_) => {
                     pool.put(t);
                     break;
                 }
+                Err(e) => {
+                    pool.put(t);
+                    return match e.kind() {
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ok(()),
+                        _ => Err(e),
+                    };
+                }
             }
         }
+        Ok(())
     }
 
     fn release_due(&mut self) {

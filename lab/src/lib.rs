@@ -12,7 +12,9 @@
 //! * [`host`]: attach a host namespace to a bridge; ping;
 //! * [`controller`]: run os-ken/Ryu/Faucet from their pinned venvs;
 //! * [`pki`]: a throw-away CA and certificates (quicsdn's own PKI);
-//! * [`control_link`]: the switch-to-controller links (plain veth for now);
+//! * [`emulator`]: the native link emulator (delay, jitter, loss, rate, exact
+//!   per-class accounting) behind every control link;
+//! * [`control_link`]: the switch-to-controller links;
 //! * [`transport`]: `tcp`, `tls` and `quic`; [`agents`] runs the quicsdn agents;
 //! * [`topology`]: `up`/`down`/`status` of a whole lab, recorded in [`state`];
 //! * [`process`], [`wait`], [`cmd`]: processes by recorded PID, bounded
@@ -26,6 +28,7 @@ pub mod bench;
 pub mod cmd;
 pub mod control_link;
 pub mod controller;
+pub mod emulator;
 pub mod host;
 pub mod netns;
 pub mod ovs;

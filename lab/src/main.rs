@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 use quicsdn_lab::control_link::{parse_duration, parse_percent, parse_rate};
 use quicsdn_lab::controller::ControllerKind;
+use quicsdn_lab::emulator;
 use quicsdn_lab::state::DEFAULT_RUN_DIR;
 use quicsdn_lab::topology::{self, DEFAULT_PREFIX, DownOutcome, LabConfig, UpAction};
 use quicsdn_lab::transport::Transport;
@@ -41,6 +42,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Standalone emulated links: `emulate up|down|restart`.
+    Emulate(emulator::cli::EmulateArgs),
+    /// Change or inspect a running emulated link: `link set|show|reset`.
+    Link(emulator::cli::LinkArgs),
     /// Run a benchmark (prints numbers; needs release builds for meaningful ones).
     #[command(subcommand)]
     Bench(Bench),
@@ -50,6 +55,9 @@ enum Command {
 enum Bench {
     /// Agents against direct TCP on loopback: messages/s and latency.
     Relay(quicsdn_lab::bench::relay::RelayArgs),
+    /// Emulator capacity: UDP blasted both ways through an unimpaired link; prints
+    /// frames/s per direction and forwarder CPU time per frame.
+    Emulator(emulator::bench::BenchOpts),
 }
 
 #[derive(clap::Args)]
@@ -124,6 +132,9 @@ fn run(cli: Cli) -> Result<()> {
             DownOutcome::NothingToDo => println!("no lab {} recorded; nothing to do", cli.prefix),
         },
         Command::Bench(Bench::Relay(a)) => quicsdn_lab::bench::relay::run(a)?,
+        Command::Bench(Bench::Emulator(o)) => emulator::bench::run(o)?,
+        Command::Emulate(a) => emulator::cli::emulate(a)?,
+        Command::Link(a) => emulator::cli::link(a)?,
         Command::Status { json } => match topology::status(&cli.run_dir, &cli.prefix)? {
             Some(st) if json => println!("{}", serde_json::to_string_pretty(&st)?),
             Some(st) => print!("{}", st.render()),

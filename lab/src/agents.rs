@@ -18,23 +18,35 @@ use crate::wait::poll_until;
 /// UDP port the controller agent listens on.
 pub const QUIC_PORT: u16 = 6653;
 
-/// Finds the `quicsdn` binary: `$QUICSDN_BIN`, else next to the running
-/// executable or one directory up (test binaries live in `target/*/deps`).
-pub fn quicsdn_binary() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("QUICSDN_BIN") {
+/// Finds one of the project's binaries: `$ENV` if set, else next to the
+/// running executable or one directory up (test binaries live in
+/// `target/*/deps`, the binaries in `target/*`).
+fn project_binary(name: &str, env: &str) -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(env) {
         return Ok(PathBuf::from(p));
     }
     let me = std::env::current_exe()?;
     for dir in me.ancestors().skip(1).take(2) {
-        let candidate = dir.join("quicsdn");
+        let candidate = dir.join(name);
         if candidate.is_file() {
             return Ok(candidate);
         }
     }
     bail!(
-        "the quicsdn binary was not found next to {}: build it (cargo build -p quicsdn) or set QUICSDN_BIN",
+        "the {name} binary was not found next to {}: build it (cargo build -p {name}) or set {env}",
         me.display()
     )
+}
+
+/// The `quicsdn` binary (`$QUICSDN_BIN` overrides).
+pub fn quicsdn_binary() -> Result<PathBuf> {
+    project_binary("quicsdn", "QUICSDN_BIN")
+}
+
+/// The `quicsdn-lab` binary, whose `emulate run` subcommand is the link
+/// emulator's forwarder (`$QUICSDN_LAB_BIN` overrides).
+pub fn lab_binary() -> Result<PathBuf> {
+    project_binary("quicsdn-lab", "QUICSDN_LAB_BIN")
 }
 
 /// TLS files of one agent.

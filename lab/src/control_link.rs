@@ -6,12 +6,11 @@
 //! `10.254.i.1` (interface `sw<i>` in the controller namespace), the switch
 //! side `10.254.i.2` (interface `ctl` in the switch namespace).
 //!
-//! Implementations ([`ControlLinkKind`]):
-//! * `Veth`: a plain veth pair, no impairment. Asking it for delay, jitter,
-//!   loss or rate is an error, never silently ignored.
-//! * The TAP-based link emulator (`quicsdn_lab::emulator`, built separately)
-//!   plugs in as another kind; its forwarder processes go in
-//!   [`ControlLink::procs`], so `down` stops them by recorded PID like any other.
+//! Every control link is an emulated link ([`crate::emulator`]): a TAP device
+//! on each side and one forwarder process applying the link's delay, jitter,
+//! loss and rate per direction, and counting every frame per protocol class.
+//! Its settings can be changed while the lab runs (`quicsdn-lab link set
+//! NAME …`, with the name `status` shows) without dropping connections.
 
 use std::fmt;
 use std::net::Ipv4Addr;
@@ -20,7 +19,11 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::netns::{IfCounters, Netns, VethEnd, create_veth};
+use crate::emulator::link::DEFAULT_RUN_DIR;
+use crate::emulator::{
+    DirSettings, LinkRecord, LinkSpec, LinkState, LossModel, create_link, destroy_link,
+    destroy_link_by_name, units,
+};
 use crate::process::ProcRecord;
 
 /// Delay, jitter, loss and rate of a control link, each per direction.
@@ -66,80 +69,31 @@ impl fmt::Display for Impairment {
     }
 }
 
-fn split_number(s: &str) -> Result<(f64, &str)> {
-    let s = s.trim();
-    let end = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(end);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| anyhow::anyhow!("{s:?}: expected a number followed by a unit"))?;
-    if !v.is_finite() {
-        bail!("{s:?}: not a finite number");
-    }
-    Ok((v, unit.trim()))
-}
-
 /// Parses `25ms`, `1.5ms`, `500us`, `2s` (a unit is required).
 pub fn parse_duration(s: &str) -> Result<Duration> {
-    let (v, unit) = split_number(s)?;
-    let secs = match unit {
-        "s" => v,
-        "ms" => v / 1e3,
-        "us" | "µs" => v / 1e6,
-        "ns" => v / 1e9,
-        _ => bail!("{s:?}: unknown time unit {unit:?} (use s, ms, us or ns)"),
-    };
-    if secs > 3600.0 {
-        bail!("{s:?}: more than an hour");
-    }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(Duration::from_nanos(units::parse_duration_ns(s)?))
 }
 
-/// Parses `1%`, `0.5%` (the `%` is required; 0–100).
+/// Parses `1%`, `0.5%` (the `%` is required; 0–100) into a percentage.
 pub fn parse_percent(s: &str) -> Result<f64> {
-    let (v, unit) = split_number(s)?;
-    if unit != "%" {
-        bail!("{s:?}: write loss as a percentage, e.g. 1%");
-    }
-    if !(0.0..=100.0).contains(&v) {
-        bail!("{s:?}: loss must be between 0% and 100%");
-    }
-    Ok(v)
+    Ok(units::parse_percent(s)? * 100.0)
 }
 
-/// Parses a rate in tc's units: `100mbit`, `1gbit`, `500kbit`, `64bit`,
-/// also `bps`-style bytes (`10mbps` = 80 Mbit/s), decimal multipliers.
+/// Parses a rate in tc's units: `100mbit`, `1gbit`, `500kbit`, also
+/// `bps`-style bytes (`10mbps` = 80 Mbit/s), decimal multipliers.
 pub fn parse_rate(s: &str) -> Result<u64> {
-    let (v, unit) = split_number(s)?;
-    let unit = unit.to_ascii_lowercase();
-    let (mult, bits) = match unit.as_str() {
-        "bit" => (1.0, 1.0),
-        "kbit" => (1e3, 1.0),
-        "mbit" => (1e6, 1.0),
-        "gbit" => (1e9, 1.0),
-        "bps" => (1.0, 8.0),
-        "kbps" => (1e3, 8.0),
-        "mbps" => (1e6, 8.0),
-        "gbps" => (1e9, 8.0),
-        _ => bail!(
-            "{s:?}: unknown rate unit {unit:?} (bit, kbit, mbit, gbit, or bps, kbps, mbps, gbps for bytes)"
-        ),
-    };
-    let bps = v * mult * bits;
-    if bps < 1.0 {
-        bail!("{s:?}: rate must be at least 1 bit/s");
+    match units::parse_rate_bps(s)? {
+        0 => bail!("{s:?}: a control link needs a positive rate (omit --rate for none)"),
+        bps => Ok(bps),
     }
-    Ok(bps as u64)
 }
 
 /// Which implementation carries a control link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ControlLinkKind {
-    /// A plain veth pair: no impairment, kernel counters.
-    Veth,
+    /// The lab's link emulator: TAPs and a forwarder process.
+    Emulated,
 }
 
 /// Where a control link goes and what it should do.
@@ -150,15 +104,47 @@ pub struct ControlLinkSpec {
     pub ctl_netns: String,
     pub sw_netns: String,
     pub impairment: Impairment,
+    /// The lab's prefix: names the emulated link (`PREFIX-cI`).
+    #[serde(default)]
+    pub prefix: String,
 }
 
 impl ControlLinkSpec {
-    pub fn new(index: u32, ctl_netns: &str, sw_netns: &str, impairment: Impairment) -> Self {
+    pub fn new(
+        index: u32,
+        prefix: &str,
+        ctl_netns: &str,
+        sw_netns: &str,
+        impairment: Impairment,
+    ) -> Self {
         ControlLinkSpec {
             index,
             ctl_netns: ctl_netns.into(),
             sw_netns: sw_netns.into(),
             impairment,
+            prefix: prefix.into(),
+        }
+    }
+
+    /// The emulated link's name, for `quicsdn-lab link set|show NAME`.
+    pub fn link_name(&self) -> String {
+        format!("{}-c{}", self.prefix, self.index)
+    }
+
+    /// The emulator settings of each direction (the same both ways): uniform
+    /// jitter without reordering, Bernoulli loss, a rate with the emulator's
+    /// default queue.
+    pub fn dir_settings(&self) -> DirSettings {
+        let i = &self.impairment;
+        DirSettings {
+            delay_ns: i.delay.map_or(0, |d| d.as_nanos() as u64),
+            jitter_ns: i.jitter.map_or(0, |d| d.as_nanos() as u64),
+            loss: match i.loss_percent {
+                Some(p) if p > 0.0 => LossModel::Bernoulli { p: p / 100.0 },
+                _ => LossModel::None,
+            },
+            rate_bps: i.rate_bps.unwrap_or(0),
+            ..DirSettings::default()
         }
     }
 
@@ -195,100 +181,69 @@ impl ControlLinkSpec {
 pub struct ControlLink {
     pub kind: ControlLinkKind,
     pub spec: ControlLinkSpec,
-    /// Helper processes (e.g. emulator forwarders); none for `Veth`.
+    /// Helper processes, stopped by recorded PID (none: the forwarder is in
+    /// `emulator`).
     pub procs: Vec<ProcRecord>,
-}
-
-/// Counters of one control link, per direction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ControlLinkCounters {
-    /// Frames sent by the controller side (kernel counters of its interface).
-    pub ctl_to_sw: DirCounters,
-    /// Frames sent by the switch side.
-    pub sw_to_ctl: DirCounters,
-}
-
-/// One direction: frames and bytes (Ethernet frame with its 14-byte header,
-/// no FCS/preamble/gap) as sent and as received at the far end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DirCounters {
-    pub sent_packets: u64,
-    pub sent_bytes: u64,
-    pub delivered_packets: u64,
-    pub delivered_bytes: u64,
-}
-
-fn dir(tx: &IfCounters, rx: &IfCounters) -> DirCounters {
-    DirCounters {
-        sent_packets: tx.tx_packets,
-        sent_bytes: tx.tx_bytes,
-        delivered_packets: rx.rx_packets,
-        delivered_bytes: rx.rx_bytes,
-    }
+    /// The emulated link, once created (`None` if `up` stopped before that).
+    #[serde(default)]
+    pub emulator: Option<LinkRecord>,
 }
 
 impl ControlLink {
-    /// Creates the link and configures both ends' addresses. Errors if `kind`
-    /// cannot provide what `spec.impairment` asks for.
-    pub fn create(kind: ControlLinkKind, spec: ControlLinkSpec) -> Result<ControlLink> {
-        spec.octet()?;
-        match kind {
-            ControlLinkKind::Veth => {
-                if !spec.impairment.is_none() {
-                    bail!("{}", EMULATOR_NOT_AVAILABLE);
-                }
-                let ctl = Netns::named(&spec.ctl_netns);
-                let sw = Netns::named(&spec.sw_netns);
-                create_veth(
-                    &VethEnd::new(&ctl, &spec.ctl_ifname()),
-                    &VethEnd::new(&sw, &spec.sw_ifname()),
-                )?;
-                ctl.add_addr(&spec.ctl_ifname(), &format!("{}/30", spec.ctl_addr()))?;
-                sw.add_addr(&spec.sw_ifname(), &format!("{}/30", spec.sw_addr()))?;
-                ctl.link_up(&spec.ctl_ifname())?;
-                sw.link_up(&spec.sw_ifname())?;
-            }
-        }
-        Ok(ControlLink {
-            kind,
+    /// The emulator's record of a link about to be created, written into the
+    /// lab's state first so that `down` finds it even if creation stops half-way.
+    pub fn planned(spec: ControlLinkSpec) -> ControlLink {
+        ControlLink {
+            kind: ControlLinkKind::Emulated,
             spec,
             procs: Vec::new(),
-        })
+            emulator: None,
+        }
     }
 
-    /// Per-direction counters.
-    pub fn counters(&self) -> Result<ControlLinkCounters> {
-        let ctl = Netns::named(&self.spec.ctl_netns).counters(&self.spec.ctl_ifname())?;
-        let sw = Netns::named(&self.spec.sw_netns).counters(&self.spec.sw_ifname())?;
-        Ok(ControlLinkCounters {
-            ctl_to_sw: dir(&ctl, &sw),
-            sw_to_ctl: dir(&sw, &ctl),
-        })
+    /// Creates the link (TAPs, addresses, forwarder) with the spec's impairment.
+    /// `exe` is the `quicsdn-lab` binary (the forwarder runs as its subcommand).
+    pub fn create(spec: ControlLinkSpec, exe: &std::path::Path) -> Result<ControlLink> {
+        spec.octet()?;
+        let mut link = ControlLink::planned(spec);
+        let s = &link.spec;
+        let mut es = LinkSpec::new(
+            &s.link_name(),
+            &s.ctl_netns,
+            &s.sw_netns,
+            s.ctl_addr(),
+            s.sw_addr(),
+        )
+        .with_settings(s.dir_settings());
+        es.tap_a = s.ctl_ifname();
+        es.tap_b = s.sw_ifname();
+        link.emulator = Some(create_link(&es, exe)?);
+        Ok(link)
     }
 
-    /// Stops helper processes by recorded PID and removes the interfaces.
-    /// Idempotent (interfaces already gone with their namespace are fine).
+    /// The emulator's live state (settings and counters).
+    pub fn state(&self) -> Result<LinkState> {
+        match &self.emulator {
+            Some(rec) => rec.control().show(),
+            None => bail!("control link {} was never created", self.spec.link_name()),
+        }
+    }
+
+    /// Stops the forwarder (PID-checked) and removes the TAPs. Idempotent.
     pub fn destroy(&self) -> Result<()> {
         for p in &self.procs {
             p.terminate(Duration::from_secs(5))?;
         }
-        let ctl = Netns::named(&self.spec.ctl_netns);
-        if Netns::exists(&ctl.name)
-            && ctl
-                .ip(&["link", "show", "dev", &self.spec.ctl_ifname()])
-                .is_ok()
-        {
-            // Deleting one end of a veth deletes both.
-            ctl.ip(&["link", "del", "dev", &self.spec.ctl_ifname()])?;
+        match &self.emulator {
+            Some(rec) => destroy_link(rec),
+            // Created half-way by a crashed `up`: the emulator's own record says what.
+            None => destroy_link_by_name(
+                std::path::Path::new(DEFAULT_RUN_DIR),
+                &self.spec.link_name(),
+            ),
         }
-        Ok(())
     }
 }
-
-/// The error for impairment without the emulator.
-pub const EMULATOR_NOT_AVAILABLE: &str = "control-link impairment (--delay, --jitter, --loss, --rate) needs the link emulator, \
-     which is not available yet in this build: control links are plain veth pairs. \
-     Run without those options.";
 
 #[cfg(test)]
 mod tests {
@@ -329,29 +284,31 @@ mod tests {
     }
 
     #[test]
-    fn addresses_and_names() {
-        let s = ControlLinkSpec::new(3, "p-ctl", "p-sw3", Impairment::default());
+    fn addresses_names_and_settings() {
+        let imp = Impairment {
+            delay: Some(Duration::from_millis(25)),
+            jitter: Some(Duration::from_millis(5)),
+            loss_percent: Some(1.0),
+            rate_bps: Some(100_000_000),
+        };
+        let s = ControlLinkSpec::new(3, "p", "p-ctl", "p-sw3", imp);
         assert_eq!(s.ctl_addr(), Ipv4Addr::new(10, 254, 3, 1));
         assert_eq!(s.sw_addr(), Ipv4Addr::new(10, 254, 3, 2));
         assert_eq!(s.ctl_ifname(), "sw3");
+        assert_eq!(s.link_name(), "p-c3");
+        let d = s.dir_settings();
+        assert_eq!(
+            (d.delay_ns, d.jitter_ns, d.rate_bps),
+            (25_000_000, 5_000_000, 100_000_000)
+        );
+        assert_eq!(d.loss, LossModel::Bernoulli { p: 0.01 });
+        assert!(!d.reorder);
+        let none = ControlLinkSpec::new(1, "p", "a", "b", Impairment::default()).dir_settings();
+        assert_eq!(none, DirSettings::default());
         assert!(
-            ControlLinkSpec::new(251, "a", "b", Impairment::default())
+            ControlLinkSpec::new(251, "p", "a", "b", Impairment::default())
                 .octet()
                 .is_err()
         );
-    }
-
-    #[test]
-    fn veth_refuses_impairment() {
-        let imp = Impairment {
-            delay: Some(Duration::from_millis(25)),
-            ..Impairment::default()
-        };
-        let err = ControlLink::create(
-            ControlLinkKind::Veth,
-            ControlLinkSpec::new(1, "a", "b", imp),
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("emulator"), "{err}");
     }
 }

@@ -30,16 +30,14 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde::Serialize;
 
 use crate::agents::{
-    AgentTls, QUIC_PORT, openflow_socket, start_controller_agent, start_switch_agent,
+    AgentTls, QUIC_PORT, lab_binary, openflow_socket, start_controller_agent, start_switch_agent,
 };
 use crate::cmd::require_root;
-use crate::control_link::{
-    ControlLink, ControlLinkCounters, ControlLinkKind, ControlLinkSpec, EMULATOR_NOT_AVAILABLE,
-    Impairment,
-};
+use crate::control_link::{ControlLink, ControlLinkKind, ControlLinkSpec, Impairment};
 use crate::controller::{
     ControllerKind, ControllerSpec, FaucetDp, TlsFiles, faucet_config, start_controller,
 };
+use crate::emulator::{Accounting, LinkReport};
 use crate::host::{HostSpec, attach_host};
 use crate::netns::{Netns, VethEnd, create_veth};
 use crate::ovs::{BridgeConfig, Ovs};
@@ -157,9 +155,6 @@ impl LabConfig {
                 "controller {} has no TLS listener: use --transport tcp",
                 s.controller
             );
-        }
-        if !s.impairment.is_none() {
-            bail!("{EMULATOR_NOT_AVAILABLE}");
         }
         if s.controller != ControllerKind::None {
             let script = self.repo_dir.join("scripts/controllers-venv");
@@ -334,10 +329,12 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
 
     // Control links.
     for i in 1..=s.switches {
-        let spec = ControlLinkSpec::new(i, &ctl.name, &switch_netns(p, i), s.impairment);
-        let link = ControlLink::create(ControlLinkKind::Veth, spec)
+        let spec = ControlLinkSpec::new(i, p, &ctl.name, &switch_netns(p, i), s.impairment);
+        state.control_links.push(ControlLink::planned(spec.clone()));
+        store.save(state)?;
+        let link = ControlLink::create(spec, &lab_binary()?)
             .with_context(|| format!("creating the control link of sw{i}"))?;
-        state.control_links.push(link);
+        *state.control_links.last_mut().expect("just pushed") = link;
         store.save(state)?;
     }
 
@@ -669,11 +666,15 @@ pub struct SwitchStatus {
 #[derive(Debug, Clone, Serialize)]
 pub struct ControlLinkStatus {
     pub switch: String,
+    /// The emulated link's name, for `quicsdn-lab link set|show`.
+    pub link: String,
     pub kind: ControlLinkKind,
     pub ctl_addr: Ipv4Addr,
     pub sw_addr: Ipv4Addr,
     pub impairment: Impairment,
-    pub counters: Option<ControlLinkCounters>,
+    /// The emulator's settings and counters per direction and protocol class
+    /// (`a` is the controller side), with the default wire convention.
+    pub report: Option<LinkReport>,
 }
 
 /// What `status` shows.
@@ -724,11 +725,12 @@ pub fn status(run_dir: &Path, prefix: &str) -> Result<Option<LabStatus>> {
         .iter()
         .map(|l| ControlLinkStatus {
             switch: format!("sw{}", l.spec.index),
+            link: l.spec.link_name(),
             kind: l.kind,
             ctl_addr: l.spec.ctl_addr(),
             sw_addr: l.spec.sw_addr(),
             impairment: l.spec.impairment,
-            counters: l.counters().ok(),
+            report: l.state().ok().map(|st| st.report(&Accounting::default())),
         })
         .collect();
     Ok(Some(LabStatus {
@@ -830,28 +832,33 @@ impl LabStatus {
                 );
             }
         }
-        o += "control links (bytes: Ethernet frames incl. 14-byte header, no FCS/preamble/gap):\n";
+        o += "control links (change with `quicsdn-lab link set LINK ...`; details: `quicsdn-lab link show LINK`):\n";
         for l in &self.control_links {
             o += &format!(
-                "  {:<6} {:?} {} <-> {}, {}\n",
-                l.switch, l.kind, l.ctl_addr, l.sw_addr, l.impairment
+                "  {:<6} link {:<10} {} <-> {}\n",
+                l.switch, l.link, l.ctl_addr, l.sw_addr
             );
-            match &l.counters {
-                Some(c) => {
-                    o += &format!(
-                        "         ctl->sw {} pkts {} B sent, {} pkts {} B delivered\n         sw->ctl {} pkts {} B sent, {} pkts {} B delivered\n",
-                        c.ctl_to_sw.sent_packets,
-                        c.ctl_to_sw.sent_bytes,
-                        c.ctl_to_sw.delivered_packets,
-                        c.ctl_to_sw.delivered_bytes,
-                        c.sw_to_ctl.sent_packets,
-                        c.sw_to_ctl.sent_bytes,
-                        c.sw_to_ctl.delivered_packets,
-                        c.sw_to_ctl.delivered_bytes
-                    );
-                }
-                None => o += "         counters unavailable\n",
+            let Some(r) = &l.report else {
+                o += "         counters unavailable (forwarder not running)\n";
+                continue;
+            };
+            for (name, d) in [("ctl->sw", &r.a_to_b), ("sw->ctl", &r.b_to_a)] {
+                let t = &d.total;
+                o += &format!(
+                    "         {name} {}: offered {} frames {} B, delivered {} frames {} B ({} B on the wire), lost {}, queue-dropped {}\n",
+                    d.summary,
+                    t.offered.frames,
+                    t.offered.bytes,
+                    t.delivered.frames,
+                    t.delivered.bytes,
+                    t.delivered.wire_bytes,
+                    t.lost.frames,
+                    t.queue_dropped.frames
+                );
             }
+        }
+        if let Some(r) = self.control_links.iter().find_map(|l| l.report.as_ref()) {
+            o += &format!("  bytes: {}\n", r.accounting.convention);
         }
         o
     }

@@ -1,4 +1,5 @@
-//! A 3-switch lab over `tcp` and over `tls`: hosts on switch 1 and switch 3
+//! A 3-switch lab over `tcp`, `tls` and `quic`, with 10 ms delay and 1 % loss
+//! on every control link (each direction): hosts on switch 1 and switch 3
 //! ping each other through the os-ken L2 learning app, whose learned flows
 //! show up in every switch; then `down` leaves nothing behind.
 //! Needs root.
@@ -11,7 +12,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use common::*;
+use quicsdn_lab::control_link::Impairment;
 use quicsdn_lab::controller::ControllerKind;
+use quicsdn_lab::emulator::{Class, LossModel};
 use quicsdn_lab::host::ping;
 use quicsdn_lab::netns::Netns;
 use quicsdn_lab::state::LabState;
@@ -49,6 +52,11 @@ fn three_switch_ping(prefix: &str, transport: Transport) -> LabState {
     cfg.settings.hosts_per_switch = 2;
     cfg.settings.transport = transport;
     cfg.settings.controller = ControllerKind::Osken;
+    cfg.settings.impairment = Impairment {
+        delay: Some(Duration::from_millis(10)),
+        loss_percent: Some(1.0),
+        ..Impairment::default()
+    };
     let root_before = lab_like_root_interfaces();
 
     let out = topology::up(&cfg).expect("lab up");
@@ -126,6 +134,31 @@ fn three_switch_ping(prefix: &str, transport: Transport) -> LabState {
                     "{}: learned flows to {mac} carried nothing:\n{flows}",
                     sw.name
                 );
+            }
+        }
+    }
+    // The control links really are impaired, and carried the transport's traffic:
+    // OpenFlow over TCP (in clear or TLS) or, with quic, only QUIC.
+    for l in &state.control_links {
+        let st = l.state().unwrap();
+        for d in [&st.a_to_b, &st.b_to_a] {
+            assert_eq!(d.settings.delay_ns, 10_000_000);
+            assert_eq!(d.settings.loss, LossModel::Bernoulli { p: 0.01 });
+            let (openflow, quic) = (
+                d.counters.class(Class::OpenFlow).delivered.frames,
+                d.counters.class(Class::Quic).delivered.frames,
+            );
+            match transport {
+                Transport::Quic => assert!(
+                    quic > 0 && openflow == 0,
+                    "{}: {openflow} {quic}",
+                    l.spec.link_name()
+                ),
+                _ => assert!(
+                    openflow > 0 && quic == 0,
+                    "{}: {openflow} {quic}",
+                    l.spec.link_name()
+                ),
             }
         }
     }

@@ -99,13 +99,16 @@ fn up_twice_down_twice_leaves_nothing() {
     assert_eq!(json["complete"], true);
     assert_eq!(json["switches"].as_array().unwrap().len(), 2);
     assert_eq!(json["switches"][0]["connected"], true);
+    // The control link's forwarder counted the OpenFlow traffic it carried.
+    let sw_to_ctl = &json["control_links"][0]["report"]["b_to_a"];
     assert!(
-        json["control_links"][0]["counters"]["sw_to_ctl"]["sent_packets"]
+        sw_to_ctl["classes"]["openflow"]["delivered"]["frames"]
             .as_u64()
             .unwrap()
             > 0,
         "no control traffic counted: {json}"
     );
+    assert!(out.contains(&format!("link {p}-c1")), "{out}");
 
     let out = ok(p, &["down"]);
     assert!(out.contains("removed"), "{out}");
@@ -124,21 +127,13 @@ fn refusals_are_clear_and_create_nothing() {
     let p = "qsdnT4";
     let _g = LabGuard::new(p);
     let cases: &[(&[&str], &str)] = &[
-        (&["up", "--transport", "tcp", "--delay", "25ms"], "emulator"),
-        (
-            &[
-                "up",
-                "--transport",
-                "tcp",
-                "--loss",
-                "1%",
-                "--rate",
-                "100mbit",
-            ],
-            "emulator",
-        ),
-        (&["up", "--transport", "tcp", "--loss", "1"], "percentage"),
+        (&["up", "--transport", "tcp", "--loss", "1"], "%"),
+        (&["up", "--transport", "tcp", "--loss", "101%"], "loss"),
         (&["up", "--transport", "tcp", "--delay", "25"], "unit"),
+        (
+            &["up", "--transport", "tcp", "--rate", "0bit"],
+            "positive rate",
+        ),
         (&["up", "--transport", "udp"], "unknown transport"),
         (&["up", "--controller", "pox"], "unknown controller"),
         (

@@ -217,7 +217,7 @@ pub struct UpArgs {
     pub addr_b: Ipv4Addr,
     /// Prefix length of both addresses.
     #[arg(long, default_value_t = 30)]
-    pub prefix: u8,
+    pub prefix_len: u8,
     /// TAP name in namespace A [default: <name>a].
     #[arg(long)]
     pub tap_a: Option<String>,
@@ -307,7 +307,7 @@ pub fn emulate(args: EmulateArgs) -> Result<()> {
     match args.cmd {
         EmulateCmd::Up(a) => {
             let mut spec = LinkSpec::new(&a.name, &a.ns_a, &a.ns_b, a.addr_a, a.addr_b);
-            spec.prefix_len = a.prefix;
+            spec.prefix_len = a.prefix_len;
             if let Some(t) = a.tap_a {
                 spec.tap_a = t;
             }

@@ -679,14 +679,15 @@ pub fn stop_forwarder(rec: &LinkRecord) -> Result<()> {
     bail!("link {}: forwarder pid {} does not exit", rec.name, rec.pid)
 }
 
-/// Stops the forwarder (PID checked), deletes both TAPs and the link's files. Idempotent.
+/// Stops the forwarder (PID checked), deletes both TAPs and the link's files (control
+/// socket, record, spec and log). Idempotent.
 pub fn destroy_link(rec: &LinkRecord) -> Result<()> {
     stop_forwarder(rec)?;
     let ra = delete_tap(&rec.name, &rec.ns_a, &rec.tap_a);
     let rb = delete_tap(&rec.name, &rec.ns_b, &rec.tap_b);
     ra?;
     rb?;
-    for ext in ["sock", "json", "spec.json"] {
+    for ext in ["sock", "json", "spec.json", "log"] {
         let _ = std::fs::remove_file(rec.run_dir.join(format!("{}.{ext}", rec.name)));
     }
     Ok(())

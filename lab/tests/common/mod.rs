@@ -123,6 +123,17 @@ pub fn leftovers(prefix: &str, before: &[ProcRecord]) -> Vec<String> {
     }
     let lab_dir = run_dir().join(prefix);
     let needle = format!("{}/", lab_dir.display());
+    // Control-link forwarders run from the emulator's directory, named PREFIX-cI.
+    let emulator_dir = run_dir().join("emulator");
+    let link_needle = format!("{}/{prefix}-c", emulator_dir.display());
+    if let Ok(entries) = std::fs::read_dir(&emulator_dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&format!("{prefix}-c")) {
+                left.push(format!("emulator file {name}"));
+            }
+        }
+    }
     if let Ok(entries) = std::fs::read_dir("/proc") {
         for e in entries.flatten() {
             let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
@@ -130,7 +141,7 @@ pub fn leftovers(prefix: &str, before: &[ProcRecord]) -> Vec<String> {
             };
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            if cmdline.contains(&needle) {
+            if cmdline.contains(&needle) || cmdline.contains(&link_needle) {
                 left.push(format!("process {pid}: {cmdline}"));
             }
         }

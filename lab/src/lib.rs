@@ -19,6 +19,7 @@
 //! * [`topology`]: `up`/`down`/`status` of a whole lab, recorded in [`state`];
 //! * [`process`], [`wait`], [`cmd`]: processes by recorded PID, bounded
 //!   polling, running tools with useful errors;
+//! * [`demo`]: the same workload over `tcp` and `quic`, side by side;
 //! * [`bench`]: benchmark commands (they print numbers; tests never time things).
 //!
 //! Everything here needs root.
@@ -28,6 +29,7 @@ pub mod bench;
 pub mod cmd;
 pub mod control_link;
 pub mod controller;
+pub mod demo;
 pub mod emulator;
 pub mod host;
 pub mod netns;

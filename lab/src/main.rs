@@ -42,6 +42,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run one workload over `tcp` and over `quic` and compare what each put on
+    /// the control links (builds and removes its own labs).
+    Demo(quicsdn_lab::demo::DemoArgs),
     /// Standalone emulated links: `emulate up|down|restart`.
     Emulate(emulator::cli::EmulateArgs),
     /// Change or inspect a running emulated link: `link set|show|reset`.
@@ -134,6 +137,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(Bench::Relay(a)) => quicsdn_lab::bench::relay::run(a)?,
         Command::Bench(Bench::Emulator(o)) => emulator::bench::run(o)?,
         Command::Emulate(a) => emulator::cli::emulate(a)?,
+        Command::Demo(a) => quicsdn_lab::demo::run(a)?,
         Command::Link(a) => emulator::cli::link(a)?,
         Command::Status { json } => match topology::status(&cli.run_dir, &cli.prefix)? {
             Some(st) if json => println!("{}", serde_json::to_string_pretty(&st)?),

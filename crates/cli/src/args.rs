@@ -35,6 +35,11 @@ pub struct Cli {
     /// Log line format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Worker threads of an agent: 1 runs everything on one thread (the least
+    /// cross-thread wake-ups, so the lowest latency on a small machine); the
+    /// default is one per CPU, for controller agents serving many switches.
+    #[arg(long, global = true, value_name = "N")]
+    pub threads: Option<usize>,
     #[command(subcommand)]
     pub command: Command,
 }

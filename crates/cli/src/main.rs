@@ -48,7 +48,7 @@ fn run(cli: Cli) -> Result<()> {
             let file = FileConfig::load(args.common.config.as_deref())?;
             log_level(&file)?;
             let config = args.resolve(file)?;
-            runtime()?.block_on(async {
+            runtime(cli.threads)?.block_on(async {
                 let agent = SwitchAgent::start(config).await?;
                 wait_for_signal().await?;
                 info!(switch = %agent.identity(), "shutting down");
@@ -60,7 +60,7 @@ fn run(cli: Cli) -> Result<()> {
             let file = FileConfig::load(args.common.config.as_deref())?;
             log_level(&file)?;
             let config = args.resolve(file)?;
-            runtime()?.block_on(async {
+            runtime(cli.threads)?.block_on(async {
                 let agent = ControllerAgent::start(config).await?;
                 wait_for_signal().await?;
                 info!("shutting down");
@@ -71,10 +71,18 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?)
+fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
+    let mut builder = match threads {
+        Some(0) => anyhow::bail!("--threads must be at least 1"),
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
+    Ok(builder.enable_all().build()?)
 }
 
 async fn wait_for_signal() -> Result<()> {

@@ -48,6 +48,9 @@ pub struct RelayArgs {
     /// Stream mode of the agents (ordered or rr:N).
     #[arg(long, default_value = "ordered")]
     pub streams: String,
+    /// Worker threads of each agent (`quicsdn --threads`; default: one per CPU).
+    #[arg(long)]
+    pub agent_threads: Option<usize>,
     /// Write 64 KiB batches instead of one write per message.
     #[arg(long)]
     pub batched: bool,
@@ -70,9 +73,15 @@ impl Drop for AgentProcess {
 }
 
 impl AgentProcess {
-    fn spawn(binary: &Path, name: &'static str, args: &[String]) -> Result<AgentProcess> {
+    fn spawn(
+        binary: &Path,
+        name: &'static str,
+        args: &[String],
+        threads: Option<usize>,
+    ) -> Result<AgentProcess> {
         let child = Command::new(binary)
             .args(args)
+            .args(threads.map(|n| format!("--threads={n}")))
             .arg("--log-level=warn")
             .stdin(Stdio::null())
             .spawn()
@@ -274,6 +283,7 @@ pub fn run(args: RelayArgs) -> Result<()> {
             format!("--service=openflow=tcp:{sink_addr}"),
             format!("--streams={}", args.streams),
         ],
+        args.agent_threads,
     )?;
     let mut switch = AgentProcess::spawn(
         &binary,
@@ -288,6 +298,7 @@ pub fn run(args: RelayArgs) -> Result<()> {
             format!("--service=openflow=ptcp:{switch_port}:127.0.0.1"),
             format!("--streams={}", args.streams),
         ],
+        args.agent_threads,
     )?;
     // Ready when a message makes it through: poll the switch agent's port, then
     // send one message end to end.
@@ -310,7 +321,7 @@ pub fn run(args: RelayArgs) -> Result<()> {
 
     println!(
         "relay benchmark: {} messages of {MESSAGE_LEN} bytes per throughput run ({}), {} runs per path; \
-         latency at {} msg/s over {} messages; agents in {} mode",
+         latency at {} msg/s over {} messages; agents in {} mode, {} worker thread(s) each",
         args.messages,
         if args.batched {
             "64 KiB writes"
@@ -320,7 +331,9 @@ pub fn run(args: RelayArgs) -> Result<()> {
         args.runs,
         args.rate,
         args.latency_messages,
-        args.streams
+        args.streams,
+        args.agent_threads
+            .map_or("default".to_string(), |n| n.to_string())
     );
     let direct_result = measure(&args, &mut connector(&sink_listener, sink_addr))?;
     let switch_addr = SocketAddr::from(([127, 0, 0, 1], switch_port));

@@ -48,6 +48,11 @@ async fn ordered_openflow_is_byte_identical_in_order_both_ways() {
     let (at_ctl, at_ovs) = exchange(ovs, ctl, &up, &down).await;
     assert!(at_ctl == up.concat(), "switch to controller bytes differ");
     assert!(at_ovs == down.concat(), "controller to switch bytes differ");
+
+    // When OVS closes its connection, the controller's connection closes too.
+    let (ovs, mut ctl) = setup.connect().await;
+    drop(ovs);
+    assert_eq!(read_to_close(&mut ctl).await.unwrap(), b"");
     setup.shutdown().await;
 }
 

@@ -137,8 +137,10 @@ impl Netns {
         Ok(IfCounters {
             rx_bytes: n("rx", "bytes"),
             rx_packets: n("rx", "packets"),
+            rx_dropped: n("rx", "dropped"),
             tx_bytes: n("tx", "bytes"),
             tx_packets: n("tx", "packets"),
+            tx_dropped: n("tx", "dropped"),
         })
     }
 
@@ -191,8 +193,12 @@ impl Netns {
 pub struct IfCounters {
     pub rx_bytes: u64,
     pub rx_packets: u64,
+    pub rx_dropped: u64,
     pub tx_bytes: u64,
     pub tx_packets: u64,
+    /// For a TAP: frames the stack sent that the kernel dropped before the
+    /// reading process (e.g. the link emulator) took them.
+    pub tx_dropped: u64,
 }
 
 /// One end of a veth pair: an interface name inside a namespace.

@@ -17,6 +17,7 @@ use super::classify::Classifier;
 use super::control::LinkControl;
 use super::model::{DirSettings, PipeConfig};
 use super::sys;
+use crate::netns::IfCounters;
 
 /// Kernel queue length of each TAP (frames waiting for the forwarder to read them).
 pub const TAP_TXQUEUELEN: &str = "4096";
@@ -564,44 +565,13 @@ fn wait_tap_active(link: &str, ns: &str, tap: &str) -> Result<()> {
     )
 }
 
-/// Kernel counters of a TAP: `tx_*` are frames the namespace's stack sent into the TAP
-/// (`tx_dropped`: the kernel dropped them before the emulator could read them, e.g. while
+/// Kernel counters of a TAP (see [`IfCounters`]): `tx_*` are frames the namespace's stack
+/// sent into the TAP (`tx_dropped`: dropped before the emulator could read them, e.g. while
 /// no forwarder was attached); `rx_*` are frames the emulator wrote.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TapKernelStats {
-    pub tx_packets: u64,
-    pub tx_bytes: u64,
-    pub tx_dropped: u64,
-    pub rx_packets: u64,
-    pub rx_bytes: u64,
-    pub rx_dropped: u64,
-}
-
-/// Reads a TAP's kernel counters with `ip -j -s link show`.
-pub fn tap_kernel_stats(link: &str, ns: &str, tap: &str) -> Result<TapKernelStats> {
-    let out = Command::new("ip")
-        .args(["-j", "-s", "-n", ns, "link", "show", "dev", tap])
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("link {link}: namespace {ns}: cannot run ip"))?;
-    if !out.status.success() {
-        bail!(
-            "link {link}: namespace {ns}: reading statistics of {tap}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("link {link}: namespace {ns}: parsing ip -j output"))?;
-    let st = &v[0]["stats64"];
-    let n = |dir: &str, k: &str| st[dir][k].as_u64().unwrap_or(0);
-    Ok(TapKernelStats {
-        tx_packets: n("tx", "packets"),
-        tx_bytes: n("tx", "bytes"),
-        tx_dropped: n("tx", "dropped"),
-        rx_packets: n("rx", "packets"),
-        rx_bytes: n("rx", "bytes"),
-        rx_dropped: n("rx", "dropped"),
-    })
+pub fn tap_kernel_stats(link: &str, ns: &str, tap: &str) -> Result<IfCounters> {
+    crate::netns::Netns::named(ns)
+        .counters(tap)
+        .with_context(|| format!("link {link}: namespace {ns}: reading statistics of {tap}"))
 }
 
 /// Creates TAPs and starts the forwarder: the one call to bring a link up.

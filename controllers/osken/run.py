@@ -9,15 +9,14 @@ logging, run the apps until killed.
            [--tls-key KEY --tls-cert CERT --tls-ca CA]
            [--verbose] [APP ...]
 
-With the three --tls-* options it listens for OpenFlow over TLS on --port
-(os-ken then opens no plain TCP listener) and requires a client certificate
-signed by CA. APP is a module name or a .py path; default: ../l2_learning.py
-(shared with the other controller).
+(options: controllers/launcher.py, shared with the other launcher)
 """
 
-import argparse
 import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import launcher  # noqa: E402  (controllers/launcher.py: the shared options)
 
 from os_ken.lib import hub
 
@@ -27,8 +26,6 @@ hub.patch(thread=False)
 from os_ken.base.app_manager import AppManager  # noqa: E402
 import os_ken.controller.controller  # noqa: E402,F401  (registers the --ofp-* options)
 from os_ken import cfg, log  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def app_module(app):
@@ -41,33 +38,11 @@ def app_module(app):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--listen-host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=6653)
-    p.add_argument("--tls-key")
-    p.add_argument("--tls-cert")
-    p.add_argument("--tls-ca")
-    p.add_argument("--verbose", action="store_true")
-    p.add_argument("apps", nargs="*", default=[os.path.join(HERE, "..", "l2_learning.py")])
-    a = p.parse_args()
-
-    tls = [a.tls_key, a.tls_cert, a.tls_ca]
-    if any(tls) and not all(tls):
-        p.error("--tls-key, --tls-cert and --tls-ca go together")
-
-    args = ["--ofp-listen-host", a.listen_host]
-    if all(tls):
-        args += ["--ofp-ssl-listen-port", str(a.port),
-                 "--ctl-privkey", a.tls_key, "--ctl-cert", a.tls_cert,
-                 "--ca-certs", a.tls_ca]
-    else:
-        args += ["--ofp-tcp-listen-port", str(a.port)]
-    if a.verbose:
-        args.append("--verbose")
+    args, apps = launcher.parse(__doc__.split("\n\n")[0])
 
     cfg.CONF(args, project="os_ken", default_config_files=[])
     log.init_log()
-    AppManager.run_apps([app_module(x) for x in a.apps])
+    AppManager.run_apps([app_module(x) for x in apps])
 
 
 if __name__ == "__main__":

@@ -122,7 +122,7 @@ impl CommonConfig {
         CommonConfig {
             tls,
             services,
-            streams: StreamMode::Ordered,
+            streams: StreamMode::default(),
             quic: QuicOptions::default(),
             max_message: None,
             local_connect_timeout: Duration::from_secs(5),
@@ -195,6 +195,9 @@ impl SwitchConfig {
 #[derive(Debug, Clone)]
 pub struct ControllerConfig {
     pub listen: SocketAddr,
+    /// `--relaxed-flow-mods`: in `safe` mode, FLOW_MODs for different entries may
+    /// overtake each other (see docs/streams.md for when that is safe).
+    pub relaxed_flow_mods: bool,
     pub common: CommonConfig,
 }
 
@@ -265,6 +268,7 @@ mod tests {
     fn controller_listeners_must_be_per_switch() {
         let ok = ControllerConfig {
             listen: "0.0.0.0:6653".parse().unwrap(),
+            relaxed_flow_mods: false,
             common: common(&[
                 "openflow=tcp:127.0.0.1:6653",
                 "ovsdb=punix:/run/q/{switch}.sock",

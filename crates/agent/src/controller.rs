@@ -159,6 +159,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming) {
         switch.clone(),
         inner.services.clone(),
         inner.config.common.streams,
+        inner.config.relaxed_flow_mods,
         inner.config.common.local_connect_timeout,
     );
     register(&inner, &switch, &link).await;

@@ -1,27 +1,37 @@
 //! One QUIC connection between a switch agent and a controller agent, seen from
-//! either end: the hello exchange, sessions the peer opens (lanes are read,
-//! checked and assembled, then the local peer is dialled), and sessions this side
-//! opens.
+//! either end: the hello exchange, sessions the peer opens (the session stream
+//! is read and checked, then the local peer is dialled), sessions this side
+//! opens, and the routing of each session's further lanes.
 
 use crate::services::{Service, ServiceTable};
-use crate::session::{self, Lane, SessionInfo};
+use crate::session::{self, IncomingLane, SessionInfo, SessionStreams};
 use bytes::{Bytes, BytesMut};
 use quicsdn_lanes::StreamMode;
+use quicsdn_lanes::rules::Direction;
 use quicsdn_transport::local::LocalStream;
-use quicsdn_wire::preamble::{Hello, LanePreamble, Opener, StreamStart, code};
+use quicsdn_wire::preamble::{Hello, Opener, SessionPreamble, StreamStart, code};
 use quinn::{RecvStream, SendStream, VarInt};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-/// How long a peer may take to send a stream's preamble, or all lanes of a session.
+/// How long a peer may take to send a stream's preamble; also how long a lane may
+/// wait for its session stream to show up.
 const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
 
-struct Pending {
-    service: Arc<Service>,
-    lanes: Vec<Option<Lane>>,
+/// A session's key on this connection: who opened it (this side or the peer) and
+/// the opener's id for it.
+type SessionKey = (bool, u64);
+
+/// Where the lanes of live sessions go, and lanes that arrived before their
+/// session stream.
+#[derive(Default)]
+struct Routes {
+    sessions: HashMap<SessionKey, mpsc::UnboundedSender<IncomingLane>>,
+    early: HashMap<u64, Vec<IncomingLane>>,
 }
 
 /// A live QUIC connection to the peer agent.
@@ -31,17 +41,33 @@ pub struct Link {
     pub switch: Arc<str>,
     services: Arc<ServiceTable>,
     mode: StreamMode,
+    relaxed: bool,
     local_connect_timeout: Duration,
     next_session: AtomicU64,
-    pending: Mutex<HashMap<u64, Pending>>,
+    routes: Mutex<Routes>,
+}
+
+/// Removes a session's route when the session ends.
+struct Route<'a> {
+    link: &'a Link,
+    key: SessionKey,
+}
+
+impl Drop for Route<'_> {
+    fn drop(&mut self) {
+        self.link.routes().sessions.remove(&self.key);
+    }
 }
 
 impl Link {
+    /// `relaxed` enables `--relaxed-flow-mods` for what this side sends (only the
+    /// controller agent sends towards the switch).
     pub fn new(
         conn: quinn::Connection,
         switch: Arc<str>,
         services: Arc<ServiceTable>,
         mode: StreamMode,
+        relaxed: bool,
         local_connect_timeout: Duration,
     ) -> Arc<Link> {
         Arc::new(Link {
@@ -49,10 +75,15 @@ impl Link {
             switch,
             services,
             mode,
+            relaxed,
             local_connect_timeout,
             next_session: AtomicU64::new(0),
-            pending: Mutex::new(HashMap::new()),
+            routes: Mutex::new(Routes::default()),
         })
+    }
+
+    fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {
+        self.routes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn on_switch(&self) -> bool {
@@ -67,7 +98,7 @@ impl Link {
         }
     }
 
-    fn info(&self, service: &Arc<Service>, id: u64) -> SessionInfo {
+    fn info(&self, service: &Arc<Service>, id: u64, mode: StreamMode, opener: bool) -> SessionInfo {
         let (local_name, remote_name) = self.names();
         SessionInfo {
             switch: self.switch.clone(),
@@ -75,7 +106,28 @@ impl Link {
             id,
             local_name,
             remote_name,
+            mode,
+            opener,
+            direction: if self.on_switch() {
+                Direction::ToController
+            } else {
+                Direction::ToSwitch
+            },
+            relaxed: self.relaxed,
         }
+    }
+
+    /// Registers a session's route; the returned guard removes it.
+    fn route(&self, key: SessionKey) -> (Route<'_>, mpsc::UnboundedReceiver<IncomingLane>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut routes = self.routes();
+        if !key.0 {
+            for lane in routes.early.remove(&key.1).unwrap_or_default() {
+                let _ = tx.send(lane);
+            }
+        }
+        routes.sessions.insert(key, tx);
+        (Route { link: self, key }, rx)
     }
 
     /// True while the connection is usable.
@@ -87,11 +139,19 @@ impl Link {
     /// it closed.
     pub async fn serve(self: Arc<Self>) -> quinn::ConnectionError {
         loop {
-            match self.conn.accept_bi().await {
-                Ok((send, recv)) => {
-                    tokio::spawn(self.clone().incoming(send, recv));
-                }
-                Err(e) => return e,
+            tokio::select! {
+                bi = self.conn.accept_bi() => match bi {
+                    Ok((send, recv)) => {
+                        tokio::spawn(self.clone().incoming(send, recv));
+                    }
+                    Err(e) => return e,
+                },
+                uni = self.conn.accept_uni() => match uni {
+                    Ok(recv) => {
+                        tokio::spawn(self.clone().incoming_uni(recv));
+                    }
+                    Err(e) => return e,
+                },
             }
         }
     }
@@ -99,39 +159,45 @@ impl Link {
     /// Opens a session for a local connection this agent accepted.
     pub async fn open_session(self: Arc<Self>, service: Arc<Service>, local: LocalStream) {
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
-        let lanes = self.mode.lanes_for(service.framing);
-        let mut opened = Vec::with_capacity(lanes);
-        for lane in 0..lanes {
-            let preamble = LanePreamble {
-                session: id,
-                lane: lane as u64,
-                lanes: lanes as u64,
-                service: service.name.clone(),
-            }
-            .encode();
-            let result = async {
-                let (mut send, recv) = self.conn.open_bi().await?;
-                send.write_all(&preamble).await?;
-                Ok::<_, quinn::WriteError>((send, recv))
-            }
-            .await;
-            match result {
-                Ok((send, recv)) => opened.push(Lane {
+        // A raw byte stream has no message boundaries to schedule by.
+        let mode = if service.framing.has_boundaries() {
+            self.mode
+        } else {
+            StreamMode::Ordered
+        };
+        let preamble = SessionPreamble {
+            session: id,
+            mode: mode.to_wire(),
+            service: service.name.clone(),
+        };
+        let (_route, lanes) = self.route((true, id));
+        let opened = async {
+            let (mut send, recv) = self.conn.open_bi().await?;
+            send.write_all(&preamble.encode()).await?;
+            Ok::<_, quinn::WriteError>((send, recv))
+        }
+        .await;
+        match opened {
+            Ok((send, recv)) => {
+                let streams = SessionStreams {
                     send,
                     recv,
                     initial: Bytes::new(),
-                }),
-                Err(e) => {
-                    info!(
-                        switch = %self.switch, service = %service.name, session = id,
-                        "{} connection closed: cannot open a session: {e}", self.names().0
-                    );
-                    session::refuse(opened, code::LOCAL_ABORT);
-                    return;
-                }
+                    lanes,
+                };
+                session::run(
+                    self.info(&service, id, mode, true),
+                    self.conn.clone(),
+                    local,
+                    streams,
+                )
+                .await
             }
+            Err(e) => info!(
+                switch = %self.switch, service = %service.name, session = id,
+                "{} connection closed: cannot open a session: {e}", self.names().0
+            ),
         }
-        session::run(self.info(&service, id), local, opened).await;
     }
 
     /// The switch agent's side of the hello exchange: sends ours, waits for the
@@ -152,9 +218,7 @@ impl Link {
             let _ = send.finish();
             match read_start(&mut recv).await? {
                 (StreamStart::Control(theirs), _) => Ok(theirs),
-                (StreamStart::Lane(_), _) => {
-                    Err("the peer answered the hello with a lane preamble".to_string())
-                }
+                _ => Err("the peer answered the hello with something else".to_string()),
             }
         };
         let result = exchange.await.map_err(|e| match self.conn.close_reason() {
@@ -187,8 +251,7 @@ impl Link {
             Ok(x) => x,
             Err(e) => {
                 warn!(switch = %self.switch, "refused a stream from the {}: {e}", self.names().1);
-                let _ = send.reset(VarInt::from_u32(code::BAD_PREAMBLE));
-                let _ = recv.stop(VarInt::from_u32(code::BAD_PREAMBLE));
+                session::refuse(send, recv, code::BAD_PREAMBLE);
                 return;
             }
         };
@@ -202,101 +265,60 @@ impl Link {
                 }
                 self.check_hello(&theirs);
             }
-            StreamStart::Lane(p) => {
-                let lane = Lane {
-                    send,
-                    recv,
-                    initial,
-                };
-                self.incoming_lane(p, lane);
+            StreamStart::Session(p) => self.incoming_session(p, send, recv, initial).await,
+            StreamStart::Lane(_) => {
+                warn!(switch = %self.switch, "refused a lane preamble on a bidirectional stream");
+                session::refuse(send, recv, code::BAD_PREAMBLE);
             }
         }
     }
 
-    fn incoming_lane(self: &Arc<Self>, p: LanePreamble, lane: Lane) {
+    async fn incoming_session(
+        self: Arc<Self>,
+        p: SessionPreamble,
+        send: SendStream,
+        recv: RecvStream,
+        initial: Bytes,
+    ) {
         let (_, remote) = self.names();
-        let refuse = |lane: Lane, c: u32, why: String| {
+        let refuse = |send, recv, c: u32, why: String| {
             warn!(switch = %self.switch, service = %p.service, session = p.session, "refused a session from the {remote}: {why}");
-            session::refuse(vec![lane], c);
+            session::refuse(send, recv, c);
+            // Lanes of the refused session that came first go with it.
+            for l in self.routes().early.remove(&p.session).unwrap_or_default() {
+                let mut recv = l.recv;
+                let _ = recv.stop(VarInt::from_u32(c));
+            }
         };
         let Some(service) = self.services.get(&p.service).cloned() else {
-            return refuse(
-                lane,
-                code::UNKNOWN_SERVICE,
-                format!(
-                    "unknown service (this agent serves: {})",
-                    self.services.names()
-                ),
+            let why = format!(
+                "unknown service (this agent serves: {})",
+                self.services.names()
             );
+            return refuse(send, recv, code::UNKNOWN_SERVICE, why);
         };
         if service.opener == self.services.role {
-            return refuse(
-                lane,
-                code::WRONG_DIRECTION,
-                "sessions of this service are opened by this side (its target here is a listening one)".into(),
-            );
+            let why = "sessions of this service are opened by this side (its target here is a listening one)";
+            return refuse(send, recv, code::WRONG_DIRECTION, why.into());
         }
-        if p.lanes > 1 && !service.framing.has_boundaries() {
+        let Some(mode) = StreamMode::from_wire(p.mode.0, p.mode.1) else {
             return refuse(
-                lane,
+                send,
+                recv,
+                code::BAD_PREAMBLE,
+                format!("unknown stream mode {:?}", p.mode),
+            );
+        };
+        if mode != StreamMode::Ordered && !service.framing.has_boundaries() {
+            return refuse(
+                send,
+                recv,
                 code::BAD_PREAMBLE,
                 "a raw service cannot use several lanes".into(),
             );
         }
-        let complete = {
-            let mut pending = self.pending.lock().expect("pending map lock");
-            let first = !pending.contains_key(&p.session);
-            let entry = pending.entry(p.session).or_insert_with(|| Pending {
-                service: service.clone(),
-                lanes: (0..p.lanes).map(|_| None).collect(),
-            });
-            let slot = (entry.lanes.len() == p.lanes as usize
-                && entry.service.name == service.name)
-                .then(|| entry.lanes.get_mut(p.lane as usize))
-                .flatten()
-                .filter(|slot| slot.is_none());
-            let Some(slot) = slot else {
-                drop(pending);
-                return refuse(
-                    lane,
-                    code::BAD_PREAMBLE,
-                    "lane does not fit its session".into(),
-                );
-            };
-            *slot = Some(lane);
-            if first && p.lanes > 1 {
-                tokio::spawn(self.clone().expire_pending(p.session));
-            }
-            if entry.lanes.iter().all(Option::is_some) {
-                pending.remove(&p.session)
-            } else {
-                None
-            }
-        };
-        if let Some(done) = complete {
-            let lanes = done.lanes.into_iter().flatten().collect();
-            tokio::spawn(self.clone().accept_session(p.session, done.service, lanes));
-        }
-    }
-
-    async fn expire_pending(self: Arc<Self>, session: u64) {
-        tokio::time::sleep(PREAMBLE_TIMEOUT).await;
-        let stale = self
-            .pending
-            .lock()
-            .expect("pending map lock")
-            .remove(&session);
-        if let Some(p) = stale {
-            warn!(
-                switch = %self.switch, service = %p.service.name, session,
-                "refused a session from the {}: not all of its lanes arrived within {PREAMBLE_TIMEOUT:?}",
-                self.names().1
-            );
-            session::refuse(p.lanes.into_iter().flatten().collect(), code::BAD_PREAMBLE);
-        }
-    }
-
-    async fn accept_session(self: Arc<Self>, id: u64, service: Arc<Service>, lanes: Vec<Lane>) {
+        // Route lanes from now on, so none is lost while the local peer is dialled.
+        let (route, lanes) = self.route((false, p.session));
         let target = service.target.for_switch(&self.switch);
         let (local_name, _) = self.names();
         let failure = match tokio::time::timeout(
@@ -306,17 +328,85 @@ impl Link {
         .await
         {
             Ok(Ok(local)) => {
-                debug!(switch = %self.switch, service = %service.name, session = id, %target, "connected locally");
-                return session::run(self.info(&service, id), local, lanes).await;
+                debug!(switch = %self.switch, service = %service.name, session = p.session, %target, "connected locally");
+                let streams = SessionStreams {
+                    send,
+                    recv,
+                    initial,
+                    lanes,
+                };
+                let info = self.info(&service, p.session, mode, false);
+                session::run(info, self.conn.clone(), local, streams).await;
+                drop(route);
+                return;
             }
             Ok(Err(e)) => e.to_string(),
             Err(_) => format!("no answer within {:?}", self.local_connect_timeout),
         };
         warn!(
-            switch = %self.switch, service = %service.name, session = id,
+            switch = %self.switch, service = %service.name, session = p.session,
             "cannot reach the {local_name} at {target}: {failure}; refusing the session"
         );
-        session::refuse(lanes, code::LOCAL_CONNECT_FAILED);
+        session::refuse(send, recv, code::LOCAL_CONNECT_FAILED);
+    }
+
+    /// A lane stream: hand it to its session, or hold it briefly if its session
+    /// stream has not been read yet.
+    async fn incoming_uni(self: Arc<Self>, mut recv: RecvStream) {
+        let (start, initial) = match read_start(&mut recv).await {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(switch = %self.switch, "refused a stream from the {}: {e}", self.names().1);
+                let _ = recv.stop(VarInt::from_u32(code::BAD_PREAMBLE));
+                return;
+            }
+        };
+        let StreamStart::Lane(p) = start else {
+            warn!(switch = %self.switch, "refused a unidirectional stream that is not a lane");
+            let _ = recv.stop(VarInt::from_u32(code::BAD_PREAMBLE));
+            return;
+        };
+        let lane = IncomingLane {
+            lane: p.lane as usize,
+            recv,
+            initial,
+        };
+        // The peer's "opened by the sender" means opened by the peer, not by us.
+        let key = (!p.opened_by_sender, p.session);
+        let mut routes = self.routes();
+        if let Some(tx) = routes.sessions.get(&key) {
+            if let Err(mpsc::error::SendError(lane)) = tx.send(lane) {
+                let mut recv = lane.recv;
+                let _ = recv.stop(VarInt::from_u32(code::LOCAL_ABORT));
+            }
+            return;
+        }
+        if key.0 {
+            // One of our sessions that has already ended.
+            let mut recv = lane.recv;
+            let _ = recv.stop(VarInt::from_u32(code::LOCAL_ABORT));
+            return;
+        }
+        routes.early.entry(p.session).or_default().push(lane);
+        drop(routes);
+        tokio::spawn(self.clone().expire_early(p.session));
+    }
+
+    async fn expire_early(self: Arc<Self>, session: u64) {
+        tokio::time::sleep(PREAMBLE_TIMEOUT).await;
+        let stale = self.routes().early.remove(&session);
+        if let Some(lanes) = stale {
+            warn!(
+                switch = %self.switch, session,
+                "refused {} lane(s) from the {}: their session never arrived within {PREAMBLE_TIMEOUT:?}",
+                lanes.len(),
+                self.names().1
+            );
+            for l in lanes {
+                let mut recv = l.recv;
+                let _ = recv.stop(VarInt::from_u32(code::BAD_PREAMBLE));
+            }
+        }
     }
 }
 

@@ -5,10 +5,17 @@
 //! * **out**: local socket → [`Outbound`] → lane streams. It reads the local socket
 //!   only after the previous batch was accepted by QUIC, so when a stream has no
 //!   flow-control credit the agent stops reading and the local peer's own socket
-//!   buffer fills: backpressure without unbounded queues.
+//!   buffer fills: backpressure without unbounded queues. Lanes beyond the
+//!   session stream are unidirectional streams opened on first use; at the end
+//!   any lane never used is opened and finished, so the peer knows the direction
+//!   is complete.
 //! * **in**: lane streams → [`Inbound`] → local socket. It reads QUIC only after the
 //!   previous bytes were written locally, so a slow local peer stops the QUIC
-//!   stream's flow-control window, and so the sender.
+//!   streams' flow-control windows, and so the sender. A lane whose next message
+//!   waits for a fence is not read at all until it may proceed.
+//!
+//! What the in-pump learns that the out-pump needs (the OpenFlow handshake is
+//! over; an OVSDB echo request arrived) goes over a small channel.
 //!
 //! End of stream is passed on (local EOF → QUIC FIN → local shutdown(SHUT_WR)), so a
 //! close on one side is a close on the other. Any error aborts both directions
@@ -17,28 +24,40 @@
 //! records how the session ended.
 
 use bytes::Bytes;
-use quicsdn_lanes::{Inbound, Outbound};
+use quicsdn_lanes::rules::Direction;
+use quicsdn_lanes::{Inbound, InboundEvent, Outbound, PRIORITY_LANE, StreamMode};
 use quicsdn_transport::local::{LocalRead, LocalStream, LocalWrite};
 use quicsdn_wire::FrameError;
-use quicsdn_wire::preamble::code;
+use quicsdn_wire::preamble::{LanePreamble, code};
 use quinn::{ReadError, RecvStream, SendStream, VarInt, WriteError};
 use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 use crate::services::Service;
 
-/// One lane of a session: a bidirectional QUIC stream, with any bytes already read
-/// from it past the preamble.
-pub struct Lane {
-    pub send: SendStream,
+/// A further lane of a session that the peer opened, routed here by the link.
+pub struct IncomingLane {
+    pub lane: usize,
     pub recv: RecvStream,
+    /// Bytes already read past the lane's preamble.
     pub initial: Bytes,
 }
 
-/// Who is on each end, for logs.
+/// The QUIC side of a session: its session stream (lane 0 of both directions) and
+/// where the peer's further lanes arrive.
+pub struct SessionStreams {
+    pub send: SendStream,
+    pub recv: RecvStream,
+    /// Bytes already read past the session preamble.
+    pub initial: Bytes,
+    pub lanes: mpsc::UnboundedReceiver<IncomingLane>,
+}
+
+/// Who is on each end and how the session runs.
 #[derive(Debug, Clone)]
 pub struct SessionInfo {
     /// Identity of the switch this session belongs to.
@@ -50,6 +69,13 @@ pub struct SessionInfo {
     pub local_name: &'static str,
     /// The agent on the other end of the QUIC connection.
     pub remote_name: &'static str,
+    pub mode: StreamMode,
+    /// True on the side that opened the session.
+    pub opener: bool,
+    /// The way this side's messages travel.
+    pub direction: Direction,
+    /// `--relaxed-flow-mods` (controller agent).
+    pub relaxed: bool,
 }
 
 /// Why one direction of a session stopped.
@@ -142,29 +168,58 @@ async fn or_abort<T>(
 }
 
 /// Runs a session to its end. Never panics on peer input; logs one line at the end.
-pub async fn run(info: SessionInfo, local: LocalStream, lanes: Vec<Lane>) {
-    let lane_count = lanes.len();
+pub async fn run(
+    info: SessionInfo,
+    conn: quinn::Connection,
+    local: LocalStream,
+    streams: SessionStreams,
+) {
     let service = info.service.clone();
     info!(
         switch = %info.switch,
         service = %service.name,
         session = info.id,
-        lanes = lane_count,
+        streams = %info.mode,
         "session opened"
     );
     let (rd, wr) = local.into_split();
     let (abort_tx, abort_rx) = watch::channel(None::<u32>);
-    let mut sends = Vec::with_capacity(lane_count);
-    let mut recvs = Vec::with_capacity(lane_count);
-    for lane in lanes {
-        sends.push(lane.send);
-        recvs.push((lane.recv, lane.initial));
-    }
-    let outbound = Outbound::new(service.framing, service.max_message, lane_count);
-    let inbound = Inbound::new(service.framing, service.max_message, lane_count);
+    let (events_tx, events_rx) = mpsc::unbounded_channel();
+    let outbound = Outbound::new(
+        service.framing,
+        service.max_message,
+        info.mode,
+        info.direction,
+        info.relaxed,
+    );
+    let received = match info.direction {
+        Direction::ToSwitch => Direction::ToController,
+        Direction::ToController => Direction::ToSwitch,
+    };
+    let inbound = Inbound::new(service.framing, service.max_message, info.mode, received);
+    let lane_opener = LaneOpener {
+        conn,
+        session: info.id,
+        opened_by_sender: info.opener,
+        priority_lane: matches!(info.mode, StreamMode::Safe { .. }),
+    };
     let mut counts = Counts::default();
-    let out = pump_out(rd, outbound, sends, abort_rx.clone());
-    let inn = pump_in(wr, inbound, recvs, abort_rx);
+    let out = pump_out(
+        rd,
+        outbound,
+        streams.send,
+        lane_opener,
+        events_rx,
+        abort_rx.clone(),
+    );
+    let inn = pump_in(
+        wr,
+        inbound,
+        (streams.recv, streams.initial),
+        streams.lanes,
+        events_tx,
+        abort_rx,
+    );
     tokio::pin!(out, inn);
     let (mut out_done, mut in_done) = (false, false);
     let mut first_failure: Option<(&'static str, End)> = None;
@@ -192,6 +247,31 @@ pub async fn run(info: SessionInfo, local: LocalStream, lanes: Vec<Lane>) {
         }
     }
     log_end(&info, first_failure, counts);
+}
+
+/// Opens this side's further lanes of a session.
+struct LaneOpener {
+    conn: quinn::Connection,
+    session: u64,
+    opened_by_sender: bool,
+    /// Lane 1 is the priority lane (`safe` mode): it goes out first.
+    priority_lane: bool,
+}
+
+impl LaneOpener {
+    async fn open(&self, lane: usize) -> Result<SendStream, WriteError> {
+        let mut send = self.conn.open_uni().await?;
+        if self.priority_lane && lane == PRIORITY_LANE {
+            let _ = send.set_priority(1);
+        }
+        let preamble = LanePreamble {
+            session: self.session,
+            opened_by_sender: self.opened_by_sender,
+            lane: lane as u64,
+        };
+        send.write_all(&preamble.encode()).await?;
+        Ok(send)
+    }
 }
 
 fn log_end(info: &SessionInfo, failure: Option<(&'static str, End)>, c: Counts) {
@@ -238,268 +318,334 @@ fn log_end(info: &SessionInfo, failure: Option<(&'static str, End)>, c: Counts) 
     debug!(%switch, %service, session, ?counts, "session counters");
 }
 
-fn finish_all(sends: &mut [SendStream]) {
-    for s in sends {
-        let _ = s.finish();
-    }
-}
-
 /// Returns how it ended, and the messages and bytes it sent.
 async fn pump_out(
     rd: LocalRead,
     outbound: Outbound,
-    sends: Vec<SendStream>,
+    main: SendStream,
+    opener: LaneOpener,
+    events: mpsc::UnboundedReceiver<InboundEvent>,
     abort: watch::Receiver<Option<u32>>,
 ) -> (End, u64, u64) {
-    let (mut messages, mut bytes) = (0, 0);
-    let end = pump_out_inner(rd, outbound, sends, abort, &mut messages, &mut bytes).await;
-    (end, messages, bytes)
+    let lanes = outbound.lanes();
+    let mut out = OutPump {
+        outbound,
+        sends: std::iter::once(Some(main))
+            .chain((1..lanes).map(|_| None))
+            .collect(),
+        opener,
+        events,
+        abort,
+        messages: 0,
+        bytes: 0,
+    };
+    let end = out.run(rd).await;
+    // Streams already finished stay finished (the peer delivers what they carry);
+    // only a direction cut short is reset.
+    let reset = match &end {
+        End::Aborted => Some((*out.abort.borrow()).unwrap_or(code::LOCAL_ABORT)),
+        End::LocalIo(_) | End::RemoteStopped(_) | End::RemoteMalformed(_) => {
+            Some(code::LOCAL_ABORT)
+        }
+        _ => None,
+    };
+    if let Some(c) = reset {
+        out.reset_all(c);
+    }
+    (end, out.messages, out.bytes)
 }
 
-async fn pump_out_inner(
-    mut rd: LocalRead,
-    mut outbound: Outbound,
-    mut sends: Vec<SendStream>,
-    mut abort: watch::Receiver<Option<u32>>,
-    messages: &mut u64,
-    bytes: &mut u64,
-) -> End {
-    let reset_all = |sends: &mut Vec<SendStream>, c: u32| {
-        for s in sends.iter_mut() {
+struct OutPump {
+    outbound: Outbound,
+    sends: Vec<Option<SendStream>>,
+    opener: LaneOpener,
+    events: mpsc::UnboundedReceiver<InboundEvent>,
+    abort: watch::Receiver<Option<u32>>,
+    messages: u64,
+    bytes: u64,
+}
+
+impl OutPump {
+    fn reset_all(&mut self, c: u32) {
+        for s in self.sends.iter_mut().flatten() {
             let _ = s.reset(VarInt::from_u32(c));
         }
-    };
-    loop {
-        let n = match or_abort(&mut abort, rd.read_buf(outbound.read_buf())).await {
-            Err(c) => {
-                reset_all(&mut sends, c);
-                return End::Aborted;
-            }
-            Ok(Err(e)) => {
-                reset_all(&mut sends, code::LOCAL_ABORT);
-                return End::LocalIo(e);
-            }
-            Ok(Ok(n)) => n,
-        };
-        if n == 0 {
-            // Whole messages already left; a trailing partial one is dropped, as the
-            // local peer abandoned it.
-            finish_all(&mut sends);
-            let partial = outbound.partial_len();
-            return if partial > 0 {
-                End::LocalTruncated(partial)
-            } else {
-                End::Finished
-            };
+    }
+
+    /// Opens `lane`'s stream on first use.
+    async fn ensure_open(&mut self, lane: usize) -> Result<(), End> {
+        if self.sends[lane].is_none() {
+            let opened = or_abort(&mut self.abort, self.opener.open(lane)).await;
+            self.sends[lane] = Some(match opened {
+                Err(_) => return Err(End::Aborted),
+                Ok(Err(e)) => return Err(write_end(e)),
+                Ok(Ok(s)) => s,
+            });
         }
+        Ok(())
+    }
+
+    /// Ends every lane cleanly, opening those never used so the peer knows.
+    async fn finish(&mut self) -> Result<(), End> {
+        for lane in 0..self.sends.len() {
+            self.ensure_open(lane).await?;
+            if let Some(s) = self.sends[lane].as_mut() {
+                let _ = s.finish();
+            }
+        }
+        Ok(())
+    }
+
+    async fn run(&mut self, mut rd: LocalRead) -> End {
         loop {
-            let batch = match outbound.next_batch() {
-                Ok(Some(b)) => b,
-                Ok(None) => break,
-                Err(e) => {
-                    // Everything before the bad message has been sent: end the streams
-                    // cleanly so the peer delivers it, then close.
-                    finish_all(&mut sends);
-                    return End::LocalMalformed(e);
-                }
+            let n = match or_abort(&mut self.abort, rd.read_buf(self.outbound.read_buf())).await {
+                Err(_) => return End::Aborted,
+                Ok(Err(e)) => return End::LocalIo(e),
+                Ok(Ok(n)) => n,
             };
-            *messages += batch.messages as u64;
-            *bytes += batch.bytes.len() as u64;
-            let send = &mut sends[batch.lane];
-            match or_abort(&mut abort, send.write_chunk(batch.bytes)).await {
-                Err(c) => {
-                    reset_all(&mut sends, c);
-                    return End::Aborted;
+            while let Ok(event) = self.events.try_recv() {
+                match event {
+                    InboundEvent::HandshakeComplete => self.outbound.handshake_complete(),
+                    InboundEvent::EchoRequest(id) => self.outbound.echo_request_received(id),
                 }
-                Ok(Err(e)) => {
-                    reset_all(&mut sends, code::LOCAL_ABORT);
-                    return write_end(e);
+            }
+            if n == 0 {
+                // Whole messages already left; a trailing partial one is dropped, as
+                // the local peer abandoned it.
+                if let Err(e) = self.finish().await {
+                    return e;
                 }
-                Ok(Ok(())) => {}
+                let partial = self.outbound.partial_len();
+                return if partial > 0 {
+                    End::LocalTruncated(partial)
+                } else {
+                    End::Finished
+                };
+            }
+            loop {
+                let batch = match self.outbound.next_batch() {
+                    Ok(Some(b)) => b,
+                    Ok(None) => break,
+                    Err(e) => {
+                        // Everything before the bad message has been sent: end the
+                        // lanes cleanly so the peer delivers it, then close.
+                        if let Err(end) = self.finish().await {
+                            return end;
+                        }
+                        return End::LocalMalformed(e);
+                    }
+                };
+                self.messages += batch.messages as u64;
+                self.bytes += batch.bytes.len() as u64;
+                if let Err(end) = self.ensure_open(batch.lane).await {
+                    return end;
+                }
+                let send = self.sends[batch.lane].as_mut().expect("opened above");
+                match or_abort(&mut self.abort, send.write_chunk(batch.bytes)).await {
+                    Err(_) => return End::Aborted,
+                    Ok(Err(e)) => return write_end(e),
+                    Ok(Ok(())) => {}
+                }
             }
         }
     }
+}
+
+/// A chunk read from a lane: `Ok(None)` when the lane finished.
+type LaneRead = Result<Option<Bytes>, ReadError>;
+
+/// One lane being read by its own task into a one-slot channel, so a lane that
+/// may not proceed is simply not polled, and its stream's flow control holds
+/// the sender back.
+struct LaneFeed {
+    rx: mpsc::Receiver<LaneRead>,
+    done: bool,
+}
+
+fn spawn_reader(
+    mut recv: RecvStream,
+    initial: Bytes,
+    mut stop: watch::Receiver<Option<u32>>,
+    tasks: &mut tokio::task::JoinSet<()>,
+) -> LaneFeed {
+    let (tx, rx) = mpsc::channel::<LaneRead>(1);
+    tasks.spawn(async move {
+        if !initial.is_empty() && tx.send(Ok(Some(initial))).await.is_err() {
+            let _ = recv.stop(VarInt::from_u32(code::LOCAL_ABORT));
+            return;
+        }
+        loop {
+            let r = match or_abort(&mut stop, recv.read_chunk(usize::MAX, true)).await {
+                Err(c) => {
+                    let _ = recv.stop(VarInt::from_u32(c));
+                    return;
+                }
+                Ok(r) => r.map(|c| c.map(|c| c.bytes)),
+            };
+            let last = !matches!(r, Ok(Some(_)));
+            if tx.send(r).await.is_err() {
+                if !last {
+                    let _ = recv.stop(VarInt::from_u32(code::LOCAL_ABORT));
+                }
+                return;
+            }
+            if last {
+                return;
+            }
+        }
+    });
+    LaneFeed { rx, done: false }
+}
+
+/// What the in-pump waits for.
+enum InEvent {
+    Chunk(usize, LaneRead),
+    NewLane(IncomingLane),
+    /// The link stopped routing lanes (the connection is going away).
+    NoMoreLanes,
 }
 
 /// Returns how it ended, and the bytes it delivered locally.
 async fn pump_in(
     wr: LocalWrite,
     inbound: Inbound,
-    recvs: Vec<(RecvStream, Bytes)>,
+    main: (RecvStream, Bytes),
+    lanes: mpsc::UnboundedReceiver<IncomingLane>,
+    events: mpsc::UnboundedSender<InboundEvent>,
     abort: watch::Receiver<Option<u32>>,
 ) -> (End, u64) {
     let mut bytes = 0;
-    let end = pump_in_inner(wr, inbound, recvs, abort, &mut bytes).await;
+    let end = pump_in_inner(wr, inbound, main, lanes, events, abort, &mut bytes).await;
     (end, bytes)
-}
-
-/// A chunk read from a lane: `Ok(None)` when the lane finished.
-type LaneRead = (usize, Result<Option<Bytes>, ReadError>);
-
-/// Where the in-direction reads lanes from. One lane is read in place; several are
-/// read by one task each into a small bounded channel, whose capacity is then the
-/// only buffering between QUIC and the local socket.
-enum LaneReader {
-    Single {
-        recv: RecvStream,
-        initial: Option<Bytes>,
-        done: bool,
-    },
-    Multi {
-        rx: mpsc::Receiver<LaneRead>,
-        stop: watch::Sender<Option<u32>>,
-        readers: tokio::task::JoinSet<()>,
-    },
-}
-
-impl LaneReader {
-    fn new(mut recvs: Vec<(RecvStream, Bytes)>) -> LaneReader {
-        if recvs.len() == 1 {
-            let (recv, initial) = recvs.pop().expect("one lane");
-            return LaneReader::Single {
-                recv,
-                initial: (!initial.is_empty()).then_some(initial),
-                done: false,
-            };
-        }
-        let (tx, rx) = mpsc::channel::<LaneRead>(recvs.len() * 2);
-        let (stop, stop_rx) = watch::channel(None::<u32>);
-        let mut readers = tokio::task::JoinSet::new();
-        for (lane, (mut recv, initial)) in recvs.into_iter().enumerate() {
-            let tx = tx.clone();
-            let mut stop = stop_rx.clone();
-            readers.spawn(async move {
-                if !initial.is_empty() && tx.send((lane, Ok(Some(initial)))).await.is_err() {
-                    return;
-                }
-                loop {
-                    let r = match or_abort(&mut stop, recv.read_chunk(usize::MAX, true)).await {
-                        Err(c) => {
-                            let _ = recv.stop(VarInt::from_u32(c));
-                            return;
-                        }
-                        Ok(r) => r.map(|c| c.map(|c| c.bytes)),
-                    };
-                    let last = !matches!(r, Ok(Some(_)));
-                    if tx.send((lane, r)).await.is_err() || last {
-                        if !last {
-                            let _ = recv.stop(VarInt::from_u32(code::LOCAL_ABORT));
-                        }
-                        return;
-                    }
-                }
-            });
-        }
-        LaneReader::Multi { rx, stop, readers }
-    }
-
-    /// The next chunk of any lane; `None` only if the lane readers died.
-    async fn next(&mut self) -> Option<LaneRead> {
-        match self {
-            LaneReader::Single {
-                recv,
-                initial,
-                done,
-            } => {
-                if let Some(b) = initial.take() {
-                    return Some((0, Ok(Some(b))));
-                }
-                let r = recv
-                    .read_chunk(usize::MAX, true)
-                    .await
-                    .map(|c| c.map(|c| c.bytes));
-                *done = !matches!(r, Ok(Some(_)));
-                Some((0, r))
-            }
-            LaneReader::Multi { rx, .. } => rx.recv().await,
-        }
-    }
-
-    /// Asks the peer to stop sending on every unfinished lane (STOP_SENDING with
-    /// `c`) and waits until the readers are gone.
-    async fn stop(self, c: Option<u32>) {
-        match self {
-            LaneReader::Single { mut recv, done, .. } => {
-                if let (Some(c), false) = (c, done) {
-                    let _ = recv.stop(VarInt::from_u32(c));
-                }
-            }
-            LaneReader::Multi {
-                stop, mut readers, ..
-            } => {
-                let _ = stop.send(c);
-                if c.is_none() {
-                    // Finished normally: every reader has already returned.
-                    readers.abort_all();
-                }
-                while readers.join_next().await.is_some() {}
-            }
-        }
-    }
 }
 
 async fn pump_in_inner(
     mut wr: LocalWrite,
     mut inbound: Inbound,
-    recvs: Vec<(RecvStream, Bytes)>,
+    main: (RecvStream, Bytes),
+    mut lanes: mpsc::UnboundedReceiver<IncomingLane>,
+    events: mpsc::UnboundedSender<InboundEvent>,
     mut abort: watch::Receiver<Option<u32>>,
     bytes: &mut u64,
 ) -> End {
-    let mut lanes = LaneReader::new(recvs);
+    let (stop_tx, stop_rx) = watch::channel(None::<u32>);
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut feeds: Vec<Option<LaneFeed>> = (0..inbound.lanes()).map(|_| None).collect();
+    feeds[0] = Some(spawn_reader(main.0, main.1, stop_rx.clone(), &mut tasks));
+    let mut lanes_open = true;
+    let mut start = 0;
     let (end, stop) = loop {
-        let (lane, r) = match or_abort(&mut abort, lanes.next()).await {
-            Err(c) => break (End::Aborted, Some(c)),
-            Ok(None) => {
-                break (
-                    End::RemoteMalformed("a lane reader ended unexpectedly".into()),
-                    Some(code::LOCAL_ABORT),
-                );
+        let next = std::future::poll_fn(|cx| {
+            if lanes_open && let Poll::Ready(l) = lanes.poll_recv(cx) {
+                return Poll::Ready(l.map_or(InEvent::NoMoreLanes, InEvent::NewLane));
             }
-            Ok(Some(item)) => item,
+            let n = feeds.len();
+            for k in 0..n {
+                let i = (start + k) % n;
+                if inbound.is_blocked(i) {
+                    continue;
+                }
+                if let Some(feed) = feeds[i].as_mut().filter(|f| !f.done)
+                    && let Poll::Ready(r) = feed.rx.poll_recv(cx)
+                {
+                    let r = r.unwrap_or_else(|| Ok(None));
+                    return Poll::Ready(InEvent::Chunk(i, r));
+                }
+            }
+            Poll::Pending
+        });
+        let event = match or_abort(&mut abort, next).await {
+            Err(c) => break (End::Aborted, Some(c)),
+            Ok(e) => e,
         };
-        match r {
-            Ok(Some(chunk)) => match inbound.push(lane, chunk) {
-                Ok(Some(out)) => {
-                    *bytes += out.len() as u64;
-                    match or_abort(&mut abort, wr.write_all(&out)).await {
-                        Err(c) => break (End::Aborted, Some(c)),
-                        Ok(Err(e)) => break (End::LocalIo(e), Some(code::LOCAL_ABORT)),
+        match event {
+            InEvent::NoMoreLanes => lanes_open = false,
+            InEvent::NewLane(l) => {
+                if l.lane >= feeds.len() || feeds[l.lane].is_some() {
+                    let mut recv = l.recv;
+                    let _ = recv.stop(VarInt::from_u32(code::PROTOCOL_VIOLATION));
+                    break (
+                        End::RemoteMalformed(format!(
+                            "lane {} opened twice or out of range",
+                            l.lane
+                        )),
+                        Some(code::PROTOCOL_VIOLATION),
+                    );
+                }
+                feeds[l.lane] = Some(spawn_reader(l.recv, l.initial, stop_rx.clone(), &mut tasks));
+            }
+            InEvent::Chunk(lane, Ok(Some(chunk))) => {
+                start = (lane + 1) % feeds.len();
+                let runs = match inbound.push(lane, chunk) {
+                    Ok(runs) => runs,
+                    Err(e) => {
+                        break (
+                            End::RemoteMalformed(e.to_string()),
+                            Some(code::PROTOCOL_VIOLATION),
+                        );
+                    }
+                };
+                for ev in inbound.take_events() {
+                    let _ = events.send(ev);
+                }
+                let mut failed = None;
+                for run in runs {
+                    *bytes += run.len() as u64;
+                    match or_abort(&mut abort, wr.write_all(&run)).await {
+                        Err(c) => {
+                            failed = Some((End::Aborted, Some(c)));
+                            break;
+                        }
+                        Ok(Err(e)) => {
+                            failed = Some((End::LocalIo(e), Some(code::LOCAL_ABORT)));
+                            break;
+                        }
                         Ok(Ok(())) => {}
                     }
                 }
-                Ok(None) => {}
-                Err(e) => {
-                    break (
-                        End::RemoteMalformed(format!("lane {lane}: {e}")),
-                        Some(code::PROTOCOL_VIOLATION),
-                    );
+                if let Some(f) = failed {
+                    break f;
                 }
-            },
-            Ok(None) => match inbound.finish(lane) {
-                Ok(true) => {
-                    let _ = wr.shutdown().await;
-                    break (End::Finished, None);
+            }
+            InEvent::Chunk(lane, Ok(None)) => {
+                if let Some(f) = feeds[lane].as_mut() {
+                    f.done = true;
                 }
-                Ok(false) => {}
-                Err(e) => {
-                    break (
-                        End::RemoteMalformed(e.to_string()),
-                        Some(code::PROTOCOL_VIOLATION),
-                    );
+                match inbound.finish(lane) {
+                    Ok(true) => {
+                        let _ = wr.shutdown().await;
+                        break (End::Finished, None);
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        break (
+                            End::RemoteMalformed(e.to_string()),
+                            Some(code::PROTOCOL_VIOLATION),
+                        );
+                    }
                 }
-            },
-            Err(e) => break (read_end(e), Some(code::LOCAL_ABORT)),
+            }
+            InEvent::Chunk(_, Err(e)) => break (read_end(e), Some(code::LOCAL_ABORT)),
         }
     };
-    lanes.stop(stop).await;
+    // Let readers act on the stop signal (STOP_SENDING with the code) before the
+    // session drops the streams; lanes still arriving are refused.
+    let _ = stop_tx.send(stop);
+    if stop.is_none() {
+        tasks.abort_all();
+    }
+    while tasks.join_next().await.is_some() {}
+    lanes.close();
+    while let Ok(l) = lanes.try_recv() {
+        let mut recv = l.recv;
+        let _ = recv.stop(VarInt::from_u32(stop.unwrap_or(code::LOCAL_ABORT)));
+    }
     end
 }
 
-/// Refuses a session's lanes: reset our sending side and ask the peer to stop, both
-/// with `code`, so the opener learns why.
-pub fn refuse(lanes: Vec<Lane>, c: u32) {
-    for mut lane in lanes {
-        let _ = lane.send.reset(VarInt::from_u32(c));
-        let _ = lane.recv.stop(VarInt::from_u32(c));
-    }
+/// Refuses a session: reset our sending side and ask the peer to stop, both with
+/// `code`, so the opener learns why.
+pub fn refuse(mut send: SendStream, mut recv: RecvStream, c: u32) {
+    let _ = send.reset(VarInt::from_u32(c));
+    let _ = recv.stop(VarInt::from_u32(c));
 }

@@ -241,6 +241,7 @@ async fn connect_once(inner: &Inner) -> Result<Arc<Link>, String> {
             inner.identity.clone(),
             inner.services.clone(),
             cfg.common.streams,
+            false,
             cfg.common.local_connect_timeout,
         );
         match link.hello_as_client().await {

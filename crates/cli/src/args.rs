@@ -113,9 +113,12 @@ pub struct CommonArgs {
     /// connections; the other agent must then connect (tcp:, unix:).
     #[arg(long = "service", value_name = "SPEC")]
     pub services: Vec<String>,
-    /// Stream mode for sessions this agent opens: `ordered` (one stream per
-    /// connection, in order) or `rr:N` (round robin over N streams; NOT
-    /// order-preserving, for reproducing the quicSDN paper only). [default: ordered]
+    /// Stream mode for sessions this agent opens (the other side follows): `safe`
+    /// (OpenFlow-aware: keeps every order OVS and controllers rely on, lets only
+    /// independent messages overtake; `safe:K` for K keyed streams, default 8),
+    /// `ordered` (one stream per connection, byte for byte) or `rr:N` (round robin
+    /// over N streams; NOT order-preserving, for reproducing the quicSDN paper
+    /// only). [default: safe]
     #[arg(long, value_name = "MODE")]
     pub streams: Option<String>,
     /// Send a QUIC PING after this long idle. [default: 2s]
@@ -159,6 +162,12 @@ pub struct SwitchArgs {
 pub struct ControllerArgs {
     #[command(flatten)]
     pub common: CommonArgs,
+    /// In `safe` stream mode, let FLOW_MODs for different flow entries overtake
+    /// each other (non-strict ones, group/meter mods and barriers stay fences).
+    /// Only for controllers that separate dependent messages with barriers, as
+    /// OpenFlow 1.3.5 §6.2 asks: see docs/streams.md.
+    #[arg(long)]
+    pub relaxed_flow_mods: bool,
     /// UDP address to accept switch agents on. [default: 0.0.0.0:6653]
     #[arg(long, value_name = "IP:PORT")]
     pub listen: Option<SocketAddr>,
@@ -185,6 +194,7 @@ pub struct FileConfig {
     pub max_backoff: Option<String>,
     // Controller agent only.
     pub listen: Option<SocketAddr>,
+    pub relaxed_flow_mods: Option<bool>,
 }
 
 impl FileConfig {
@@ -227,7 +237,7 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
         .collect::<Result<Vec<_>, _>>()?;
     let streams: StreamMode = match args.streams.or(file.streams.take()) {
         Some(s) => s.parse()?,
-        None => StreamMode::Ordered,
+        None => StreamMode::default(),
     };
     let defaults = QuicOptions::default();
     let quic = QuicOptions {
@@ -278,8 +288,8 @@ fn host_of(addr: &str) -> &str {
 
 impl SwitchArgs {
     pub fn resolve(self, mut file: FileConfig) -> Result<SwitchConfig> {
-        if file.listen.is_some() {
-            bail!("`listen` is a controller agent setting; the switch agent takes `controller`");
+        if file.listen.is_some() || file.relaxed_flow_mods.is_some() {
+            bail!("`listen` and `relaxed-flow-mods` are controller agent settings");
         }
         let controller = required(self.controller, file.controller.take(), "controller")?;
         if !controller.contains(':') {
@@ -323,6 +333,8 @@ impl ControllerArgs {
             .unwrap_or_else(|| "0.0.0.0:6653".parse().expect("valid default"));
         Ok(ControllerConfig {
             listen,
+            relaxed_flow_mods: self.relaxed_flow_mods
+                || file.relaxed_flow_mods.take().unwrap_or(false),
             common: common(self.common, &mut file)?,
         })
     }
@@ -361,7 +373,7 @@ mod tests {
         let cfg = args.resolve(FileConfig::default()).unwrap();
         assert_eq!(cfg.server_name, "ctl");
         assert_eq!(cfg.common.services.len(), 2);
-        assert_eq!(cfg.common.streams, StreamMode::Ordered);
+        assert_eq!(cfg.common.streams, StreamMode::default());
         assert_eq!(cfg.max_backoff, Duration::from_secs(8));
     }
 

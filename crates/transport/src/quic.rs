@@ -20,7 +20,8 @@ pub struct QuicOptions {
     /// agent notices a dead path before OVS would have, and closes OVS's
     /// connection truthfully.
     pub idle_timeout: Duration,
-    /// How many streams the peer may have open at once (sessions × lanes).
+    /// How many streams of each kind (bidirectional: sessions; unidirectional:
+    /// their further lanes) the peer may have open at once.
     pub max_streams: u32,
 }
 
@@ -41,7 +42,7 @@ const UDP_BUFFER: usize = 4 << 20;
 fn transport_config(opts: &QuicOptions) -> Result<TransportConfig, TlsError> {
     let mut t = TransportConfig::default();
     t.max_concurrent_bidi_streams(VarInt::from_u32(opts.max_streams))
-        .max_concurrent_uni_streams(VarInt::from_u32(0))
+        .max_concurrent_uni_streams(VarInt::from_u32(opts.max_streams))
         .keep_alive_interval(Some(opts.keepalive))
         .max_idle_timeout(Some(
             IdleTimeout::try_from(opts.idle_timeout)

@@ -70,6 +70,10 @@ pub enum FrameError {
         xid: u32,
         length: u16,
     },
+    #[error(
+        "OpenFlow message (type {msg_type}, xid {xid:#x}) has version 0, which is no OpenFlow version (quicsdn reserves it for its stream markers)"
+    )]
+    OpenFlowVersionZero { msg_type: u8, xid: u32 },
     #[error("message of {length} bytes exceeds the {limit}-byte limit")]
     TooLarge { length: usize, limit: usize },
     #[error("invalid JSON at byte {offset} of the message: found {found}, expected {expected}")]

@@ -7,6 +7,9 @@
 //! negotiating one. quicsdn never rewrites a message; it only reads headers to find
 //! boundaries and to name what it forwards in logs and scheduling.
 
+pub mod build;
+pub mod fields;
+
 /// Size of `struct ofp_header` (OpenFlow 1.3.5 §7.1: `OFP_ASSERT(sizeof(struct ofp_header) == 8)`).
 pub const HEADER_LEN: usize = 8;
 /// The `length` field is 16 bits, so no OpenFlow message exceeds this.

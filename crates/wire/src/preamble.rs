@@ -1,15 +1,19 @@
 //! The few bytes quicsdn itself puts on a QUIC connection (protocol `quicsdn/1`).
 //!
-//! A connection carries two kinds of bidirectional stream:
+//! A connection carries three kinds of stream:
 //!
-//! * one **control stream**, opened by the switch agent first, on which each side
-//!   sends one [`Hello`] (varint length, then JSON) describing its services, so a
-//!   mismatch is reported by name on both sides;
-//! * **lane streams**, each opened by whichever side accepted a local connection
-//!   (the session's *opener*). A lane stream starts with a [`LanePreamble`] naming
-//!   the service, the session and the lane; after it, both directions carry the
-//!   service's messages exactly as the local peers sent them. Nothing is added per
-//!   message.
+//! * one **control stream** (bidirectional), opened by the switch agent first, on
+//!   which each side sends one [`Hello`] (varint length, then JSON) describing its
+//!   services, so a mismatch is reported by name on both sides;
+//! * one **session stream** (bidirectional) per session, opened by whichever side
+//!   accepted the local connection (the session's *opener*), starting with a
+//!   [`SessionPreamble`]: the session, its stream mode and its service. It is lane
+//!   0 of both directions;
+//! * **lane streams** (unidirectional), opened by either side for its direction's
+//!   further lanes, starting with a [`LanePreamble`].
+//!
+//! After a preamble a stream carries the service's messages as the local peer
+//! sent them; the `safe` stream mode adds small markers at fences only.
 //!
 //! Refusals and aborts travel as QUIC application error codes ([`code`]) in
 //! RESET_STREAM / STOP_SENDING (RFC 9000 §19.4, §19.5) or CONNECTION_CLOSE
@@ -21,8 +25,10 @@ use serde::{Deserialize, Serialize};
 /// ALPN protocol identifier (RFC 9001 §8.1 requires ALPN for QUIC; RFC 7301).
 pub const ALPN: &[u8] = b"quicsdn/1";
 
+/// First byte of a session stream.
+const SESSION_MAGIC: u8 = 0x71;
 /// First byte of a lane stream.
-const LANE_MAGIC: u8 = 0x71;
+const LANE_MAGIC: u8 = 0x75;
 /// First byte of the control stream.
 const CONTROL_MAGIC: u8 = 0x63;
 /// Longest service name (names are short identifiers such as `openflow`).
@@ -71,18 +77,28 @@ pub mod code {
     }
 }
 
-/// What opens a lane stream.
+/// What opens a session stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LanePreamble {
-    /// Session identifier chosen by the opener, unique among its open sessions on
-    /// this connection.
+pub struct SessionPreamble {
+    /// Session identifier chosen by the opener, unique among its sessions on this
+    /// connection.
     pub session: u64,
-    /// This lane's index, `0..lanes`.
-    pub lane: u64,
-    /// How many lanes the session uses.
-    pub lanes: u64,
+    /// The stream mode as a code and a parameter (see `quicsdn_lanes::StreamMode`).
+    pub mode: (u64, u64),
     /// The service, e.g. `openflow`.
     pub service: String,
+}
+
+/// What opens a lane stream (a unidirectional stream carrying lane `lane` of one
+/// direction of a session).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LanePreamble {
+    pub session: u64,
+    /// True when the stream's sender opened the session (session ids are per
+    /// opener, so this says whose id it is).
+    pub opened_by_sender: bool,
+    /// The lane, 1 or more (lane 0 is the session stream).
+    pub lane: u64,
 }
 
 /// Why bytes at the start of a stream are not a valid preamble.
@@ -92,8 +108,8 @@ pub enum PreambleError {
     BadMagic(u8),
     #[error("invalid service name ({0})")]
     BadServiceName(String),
-    #[error("lane {lane} of {lanes} is out of range (1..={max} lanes)", max = MAX_LANES)]
-    BadLane { lane: u64, lanes: u64 },
+    #[error("lane {lane} is out of range (1..{max})", max = MAX_LANES)]
+    BadLane { lane: u64 },
     #[error("control message of {0} bytes exceeds the limit")]
     TooLarge(u64),
     #[error("invalid hello: {0}")]
@@ -117,13 +133,33 @@ pub fn validate_service_name(name: &str) -> Result<(), PreambleError> {
     }
 }
 
-impl LanePreamble {
+/// Reads varints one after another from a buffer.
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn varint(&mut self) -> Option<u64> {
+        let (v, n) = varint::decode(&self.buf[self.at..])?;
+        self.at += n;
+        Some(v)
+    }
+
+    fn byte(&mut self) -> Option<u8> {
+        let b = *self.buf.get(self.at)?;
+        self.at += 1;
+        Some(b)
+    }
+}
+
+impl SessionPreamble {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(8 + self.service.len());
-        out.push(LANE_MAGIC);
+        out.push(SESSION_MAGIC);
         varint::encode(self.session, &mut out);
-        varint::encode(self.lane, &mut out);
-        varint::encode(self.lanes, &mut out);
+        varint::encode(self.mode.0, &mut out);
+        varint::encode(self.mode.1, &mut out);
         varint::encode(self.service.len() as u64, &mut out);
         out.extend_from_slice(self.service.as_bytes());
         out
@@ -131,45 +167,69 @@ impl LanePreamble {
 
     /// Decodes a preamble at the start of `buf`: `Ok(None)` while incomplete,
     /// otherwise the preamble and how many bytes it took.
-    pub fn decode(buf: &[u8]) -> Result<Option<(LanePreamble, usize)>, PreambleError> {
-        let Some(&magic) = buf.first() else {
-            return Ok(None);
-        };
-        if magic != LANE_MAGIC {
-            return Err(PreambleError::BadMagic(magic));
+    pub fn decode(buf: &[u8]) -> Result<Option<(SessionPreamble, usize)>, PreambleError> {
+        match buf.first() {
+            None => return Ok(None),
+            Some(&SESSION_MAGIC) => {}
+            Some(&b) => return Err(PreambleError::BadMagic(b)),
         }
-        let mut at = 1;
-        let mut next = || -> Option<u64> {
-            let (v, n) = varint::decode(&buf[at..])?;
-            at += n;
-            Some(v)
-        };
-        let (Some(session), Some(lane), Some(lanes), Some(name_len)) =
-            (next(), next(), next(), next())
+        let mut r = Reader { buf, at: 1 };
+        let (Some(session), Some(code), Some(param), Some(name_len)) =
+            (r.varint(), r.varint(), r.varint(), r.varint())
         else {
             return Ok(None);
         };
-        if lanes == 0 || lanes > MAX_LANES || lane >= lanes {
-            return Err(PreambleError::BadLane { lane, lanes });
-        }
         if name_len == 0 || name_len > MAX_SERVICE_NAME as u64 {
             return Err(PreambleError::BadServiceName(format!("length {name_len}")));
         }
-        let end = at + name_len as usize;
-        let Some(name) = buf.get(at..end) else {
+        let end = r.at + name_len as usize;
+        let Some(name) = buf.get(r.at..end) else {
             return Ok(None);
         };
         let service = String::from_utf8(name.to_vec())
             .map_err(|_| PreambleError::BadServiceName("not UTF-8".into()))?;
         validate_service_name(&service)?;
         Ok(Some((
-            LanePreamble {
+            SessionPreamble {
                 session,
-                lane,
-                lanes,
+                mode: (code, param),
                 service,
             },
             end,
+        )))
+    }
+}
+
+impl LanePreamble {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![LANE_MAGIC];
+        varint::encode(self.session, &mut out);
+        out.push(u8::from(self.opened_by_sender));
+        varint::encode(self.lane, &mut out);
+        out
+    }
+
+    /// Decodes a preamble at the start of `buf`: `Ok(None)` while incomplete.
+    pub fn decode(buf: &[u8]) -> Result<Option<(LanePreamble, usize)>, PreambleError> {
+        match buf.first() {
+            None => return Ok(None),
+            Some(&LANE_MAGIC) => {}
+            Some(&b) => return Err(PreambleError::BadMagic(b)),
+        }
+        let mut r = Reader { buf, at: 1 };
+        let (Some(session), Some(flags), Some(lane)) = (r.varint(), r.byte(), r.varint()) else {
+            return Ok(None);
+        };
+        if lane == 0 || lane >= MAX_LANES || flags > 1 {
+            return Err(PreambleError::BadLane { lane });
+        }
+        Ok(Some((
+            LanePreamble {
+                session,
+                opened_by_sender: flags == 1,
+                lane,
+            },
+            r.at,
         )))
     }
 }
@@ -240,6 +300,7 @@ impl Hello {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StreamStart {
     Control(Hello),
+    Session(SessionPreamble),
     Lane(LanePreamble),
 }
 
@@ -251,7 +312,10 @@ impl StreamStart {
             Some(&CONTROL_MAGIC) => {
                 Ok(Hello::decode(buf)?.map(|(h, n)| (StreamStart::Control(h), n)))
             }
-            Some(_) => Ok(LanePreamble::decode(buf)?.map(|(p, n)| (StreamStart::Lane(p), n))),
+            Some(&LANE_MAGIC) => {
+                Ok(LanePreamble::decode(buf)?.map(|(p, n)| (StreamStart::Lane(p), n)))
+            }
+            Some(_) => Ok(SessionPreamble::decode(buf)?.map(|(p, n)| (StreamStart::Session(p), n))),
         }
     }
 }
@@ -261,43 +325,64 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lane_preamble_round_trips_at_every_split() {
-        let p = LanePreamble {
+    fn preambles_round_trip_at_every_split() {
+        let p = SessionPreamble {
             session: 1_000_000,
-            lane: 15,
-            lanes: 16,
+            mode: (2, 8),
             service: "openflow".into(),
         };
         let mut bytes = p.encode();
         bytes.extend_from_slice(b"payload");
         let whole = bytes.len() - 7;
         for cut in 0..whole {
+            assert_eq!(
+                SessionPreamble::decode(&bytes[..cut]),
+                Ok(None),
+                "cut {cut}"
+            );
+        }
+        assert_eq!(SessionPreamble::decode(&bytes), Ok(Some((p, whole))));
+        let l = LanePreamble {
+            session: 70_000,
+            opened_by_sender: true,
+            lane: 9,
+        };
+        let bytes = l.encode();
+        for cut in 0..bytes.len() {
             assert_eq!(LanePreamble::decode(&bytes[..cut]), Ok(None), "cut {cut}");
         }
-        assert_eq!(LanePreamble::decode(&bytes), Ok(Some((p, whole))));
+        assert_eq!(LanePreamble::decode(&bytes), Ok(Some((l, bytes.len()))));
     }
 
     #[test]
-    fn lane_preamble_rejects_nonsense() {
+    fn preambles_reject_nonsense() {
         assert_eq!(
-            LanePreamble::decode(b"GET / HTTP/1.1"),
+            SessionPreamble::decode(b"GET / HTTP/1.1"),
             Err(PreambleError::BadMagic(b'G'))
         );
-        let mut p = LanePreamble {
+        let p = SessionPreamble {
             session: 0,
-            lane: 2,
-            lanes: 2,
-            service: "openflow".into(),
+            mode: (0, 0),
+            service: "../etc".into(),
         };
         assert!(matches!(
-            LanePreamble::decode(&p.encode()),
-            Err(PreambleError::BadLane { .. })
-        ));
-        p.lane = 0;
-        p.service = "../etc".into();
-        assert!(matches!(
-            LanePreamble::decode(&p.encode()),
+            SessionPreamble::decode(&p.encode()),
             Err(PreambleError::BadServiceName(_))
+        ));
+        for lane in [0, MAX_LANES] {
+            let l = LanePreamble {
+                session: 1,
+                opened_by_sender: false,
+                lane,
+            };
+            assert!(matches!(
+                LanePreamble::decode(&l.encode()),
+                Err(PreambleError::BadLane { .. })
+            ));
+        }
+        assert!(matches!(
+            LanePreamble::decode(&[0x75, 1, 7, 1]),
+            Err(PreambleError::BadLane { .. })
         ));
     }
 
@@ -325,16 +410,26 @@ mod tests {
 
     #[test]
     fn stream_start_dispatches_on_the_first_byte() {
-        let p = LanePreamble {
+        let p = SessionPreamble {
             session: 3,
-            lane: 0,
-            lanes: 1,
+            mode: (0, 0),
             service: "ovsdb".into(),
         };
         let bytes = p.encode();
+        let session = StreamStart::Session(p);
         assert_eq!(
             StreamStart::decode(&bytes),
-            Ok(Some((StreamStart::Lane(p), bytes.len())))
+            Ok(Some((session, bytes.len())))
+        );
+        let l = LanePreamble {
+            session: 3,
+            opened_by_sender: false,
+            lane: 1,
+        };
+        let bytes = l.encode();
+        assert_eq!(
+            StreamStart::decode(&bytes),
+            Ok(Some((StreamStart::Lane(l), bytes.len())))
         );
         let h = Hello {
             agent: "a".into(),

@@ -60,6 +60,7 @@ pub fn common(tls: TlsFiles, services: &[String]) -> CommonConfig {
 pub fn controller_config(pki: &Pki, services: &[String]) -> ControllerConfig {
     ControllerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
+        relaxed_flow_mods: false,
         common: common(pki.files("ctl"), services),
     }
 }

@@ -1,0 +1,264 @@
+//! The receiving side of one direction of a session.
+
+use crate::StreamMode;
+use crate::marker;
+use crate::rules::{self, Direction, JsonRpc};
+use bytes::{Bytes, BytesMut};
+use quicsdn_wire::openflow::{Header, Kind};
+use quicsdn_wire::{FrameError, Framer, Framing};
+
+/// A lane's data ended in the middle of a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("lane {lane} ended in the middle of a message ({bytes} bytes of it received)")]
+pub struct TruncatedLane {
+    pub lane: usize,
+    pub bytes: usize,
+}
+
+/// Why the peer's bytes cannot be delivered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InboundError {
+    #[error("lane {lane}: {error}")]
+    Frame { lane: usize, error: FrameError },
+    #[error("lane {0} is outside the session's lanes")]
+    BadLane(usize),
+    #[error("lane {0}: malformed stream marker")]
+    BadMarker(usize),
+}
+
+/// Things the receiving side learns that the sending side of the same session
+/// needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InboundEvent {
+    /// The switch's FEATURES_REPLY was delivered: the handshake is complete.
+    HandshakeComplete,
+    /// An OVSDB `echo` request with this id was delivered.
+    EchoRequest(String),
+}
+
+#[derive(Debug)]
+struct Lane {
+    framer: Framer,
+    buf: BytesMut,
+    /// Bytes of this lane released or consumed, markers included.
+    consumed: u64,
+    /// The next message waits until every `(lane, offset)` here is consumed.
+    wait: Vec<(usize, u64)>,
+    finished: bool,
+}
+
+/// The QUIC-to-local direction of a session: reassembles each lane's messages and
+/// releases them in an order the stream mode allows.
+#[derive(Debug)]
+pub struct Inbound {
+    lanes: Vec<Lane>,
+    framing: Framing,
+    /// `safe` mode with OpenFlow: lanes carry fence markers.
+    markers: bool,
+    /// Report the switch's FEATURES_REPLY (messages travel towards the controller).
+    watch_handshake: bool,
+    /// Report OVSDB echo requests (`safe` mode with JSON-RPC).
+    watch_echo: bool,
+    events: Vec<InboundEvent>,
+}
+
+impl Inbound {
+    /// `direction` is the way the received messages travel.
+    pub fn new(
+        framing: Framing,
+        max_message: usize,
+        mode: StreamMode,
+        direction: Direction,
+    ) -> Inbound {
+        let safe = matches!(mode, StreamMode::Safe { .. });
+        Inbound {
+            lanes: (0..mode.lanes_for(framing))
+                .map(|_| Lane {
+                    framer: Framer::new(framing, max_message),
+                    buf: BytesMut::new(),
+                    consumed: 0,
+                    wait: Vec::new(),
+                    finished: false,
+                })
+                .collect(),
+            framing,
+            markers: safe && framing == Framing::OpenFlow,
+            watch_handshake: safe
+                && framing == Framing::OpenFlow
+                && direction == Direction::ToController,
+            watch_echo: safe && framing == Framing::JsonRpc,
+            events: Vec::new(),
+        }
+    }
+
+    /// Lanes the peer may use in this direction.
+    pub fn lanes(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// True while `lane`'s next message waits for other lanes: reading more of it
+    /// would only buffer, so its reader should pause (its stream's flow control
+    /// then holds the sender back).
+    pub fn is_blocked(&self, lane: usize) -> bool {
+        self.lanes.get(lane).is_some_and(|l| !l.wait.is_empty())
+    }
+
+    /// What the sending side of this session should learn (drained).
+    pub fn take_events(&mut self) -> Vec<InboundEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Takes a chunk that arrived on `lane` and returns the runs of whole messages
+    /// now deliverable, in order. Without markers, a chunk holding only whole
+    /// messages is passed on without copying.
+    pub fn push(&mut self, lane: usize, chunk: Bytes) -> Result<Vec<Bytes>, InboundError> {
+        let n = self.lanes.len();
+        let l = self
+            .lanes
+            .get_mut(lane)
+            .ok_or(InboundError::BadLane(lane))?;
+        let mut out = Vec::new();
+        if !self.markers && l.buf.is_empty() {
+            let mut len = 0;
+            while let Some(m) = l
+                .framer
+                .next_message(&chunk[len..])
+                .map_err(|error| InboundError::Frame { lane, error })?
+            {
+                len += m;
+            }
+            l.buf.extend_from_slice(&chunk[len..]);
+            l.consumed += len as u64;
+            if len > 0 {
+                let run = chunk.slice(..len);
+                self.note(&run);
+                out.push(run);
+            }
+            return Ok(out);
+        }
+        l.buf.extend_from_slice(&chunk);
+        // Releasing one lane can unblock others: repeat until nothing moves.
+        loop {
+            let mut progress = false;
+            for i in 0..n {
+                progress |= self.drain_lane(i, &mut out)?;
+            }
+            if !progress {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Releases what lane `i` can release now; true if anything happened.
+    fn drain_lane(&mut self, i: usize, out: &mut Vec<Bytes>) -> Result<bool, InboundError> {
+        let mut progress = false;
+        loop {
+            if !self.lanes[i].wait.is_empty() {
+                let lanes = &self.lanes;
+                if !lanes[i]
+                    .wait
+                    .iter()
+                    .all(|&(j, off)| lanes[j].consumed >= off)
+                {
+                    return Ok(progress);
+                }
+                self.lanes[i].wait.clear();
+                progress = true;
+            }
+            let markers = self.markers;
+            let n = self.lanes.len();
+            let l = &mut self.lanes[i];
+            let frame = |l: &mut Lane, at: usize| {
+                l.framer
+                    .next_message(&l.buf[at..])
+                    .map_err(|error| InboundError::Frame { lane: i, error })
+            };
+            let Some(first) = frame(l, 0)? else {
+                return Ok(progress);
+            };
+            if markers && marker::is_marker(&l.buf[..first]) {
+                let m = marker::decode(&l.buf[..first]).ok_or(InboundError::BadMarker(i))?;
+                if m.waits.iter().any(|&(j, _)| j >= n) {
+                    return Err(InboundError::BadMarker(i));
+                }
+                let _ = l.buf.split_to(first);
+                l.consumed += first as u64;
+                l.wait = m.waits;
+                progress = true;
+                continue;
+            }
+            // A run of messages up to the next marker.
+            let mut len = first;
+            while let Some(m) = frame(l, len)? {
+                if markers && marker::is_marker(&l.buf[len..len + m]) {
+                    break;
+                }
+                len += m;
+            }
+            let run = l.buf.split_to(len).freeze();
+            l.consumed += len as u64;
+            self.note(&run);
+            out.push(run);
+            progress = true;
+        }
+    }
+
+    /// Looks at released messages for the events the sending side needs.
+    fn note(&mut self, run: &Bytes) {
+        if !self.watch_handshake && !self.watch_echo {
+            return;
+        }
+        let mut framer = Framer::new(self.framing, usize::MAX);
+        let mut at = 0;
+        while let Ok(Some(n)) = framer.next_message(&run[at..]) {
+            let msg = &run[at..at + n];
+            if self.watch_handshake
+                && Header::parse(msg).is_some_and(|h| h.kind() == Kind::FeaturesReply)
+            {
+                self.watch_handshake = false;
+                self.events.push(InboundEvent::HandshakeComplete);
+            }
+            if self.watch_echo
+                && let JsonRpc::EchoRequest(id) = rules::classify_jsonrpc(msg)
+            {
+                self.events.push(InboundEvent::EchoRequest(id));
+            }
+            at += n;
+        }
+    }
+
+    /// Marks `lane` as ended by its sender; true once every lane has ended and
+    /// everything received has been released.
+    pub fn finish(&mut self, lane: usize) -> Result<bool, TruncatedLane> {
+        if let Some(l) = self.lanes.get_mut(lane) {
+            let partial = partial_tail(&l.buf, self.framing);
+            if partial > 0 {
+                return Err(TruncatedLane {
+                    lane,
+                    bytes: partial,
+                });
+            }
+            l.finished = true;
+        }
+        Ok(self.is_done())
+    }
+
+    /// True when every lane has ended and nothing is left to release.
+    pub fn is_done(&self) -> bool {
+        self.lanes.iter().all(|l| l.finished && l.buf.is_empty())
+    }
+}
+
+/// Bytes at the end of `buf` that do not form a whole message.
+fn partial_tail(buf: &[u8], framing: Framing) -> usize {
+    let mut framer = Framer::new(framing, usize::MAX);
+    let mut at = 0;
+    while let Ok(Some(n)) = framer.next_message(&buf[at..]) {
+        at += n;
+    }
+    if framer.is_partial(&buf[at..]) {
+        buf.len() - at
+    } else {
+        0
+    }
+}

@@ -7,6 +7,7 @@
 //! can assemble their own setups:
 //!
 //! * [`netns`]: create/delete namespaces, run commands inside, veth pairs, counters;
+//! * [`openflow_peer`]: a minimal OpenFlow 1.3 controller for tests and benchmarks;
 //! * [`ovs`]: start an OVS instance inside a namespace and drive it with
 //!   `ovs-vsctl`/`ovs-ofctl`/`ovs-appctl`; bridges, ports, controllers;
 //! * [`host`]: attach a host namespace to a bridge; ping;
@@ -33,6 +34,7 @@ pub mod demo;
 pub mod emulator;
 pub mod host;
 pub mod netns;
+pub mod openflow_peer;
 pub mod ovs;
 pub mod pki;
 pub mod process;

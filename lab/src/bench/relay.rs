@@ -45,8 +45,8 @@ pub struct RelayArgs {
     /// Message rate of the latency run, per second.
     #[arg(long, default_value_t = 10_000)]
     pub rate: u64,
-    /// Stream mode of the agents (ordered or rr:N).
-    #[arg(long, default_value = "ordered")]
+    /// Stream mode of the agents (safe, ordered or rr:N).
+    #[arg(long, default_value = "safe")]
     pub streams: String,
     /// Worker threads of each agent (`quicsdn --threads`; default: one per CPU).
     #[arg(long)]

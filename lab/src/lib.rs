@@ -17,6 +17,8 @@
 //!   per-class accounting) behind every control link;
 //! * [`control_link`]: the switch-to-controller links;
 //! * [`transport`]: `tcp`, `tls` and `quic`; [`agents`] runs the quicsdn agents;
+//! * [`testbed`]: one switch, one lossy control link, tcp or the agents, for a
+//!   test's or benchmark's own controller program;
 //! * [`topology`]: `up`/`down`/`status` of a whole lab, recorded in [`state`];
 //! * [`process`], [`wait`], [`cmd`]: processes by recorded PID, bounded
 //!   polling, running tools with useful errors;
@@ -39,6 +41,7 @@ pub mod ovs;
 pub mod pki;
 pub mod process;
 pub mod state;
+pub mod testbed;
 pub mod topology;
 pub mod transport;
 pub mod wait;

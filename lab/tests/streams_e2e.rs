@@ -8,188 +8,51 @@
 
 mod common;
 
-use std::net::TcpListener;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
-use quicsdn_lab::agents::{
-    AgentTls, lab_binary, openflow_socket, start_controller_agent, start_switch_agent,
-};
-use quicsdn_lab::control_link::{ControlLink, ControlLinkSpec, Impairment};
-use quicsdn_lab::emulator::sys::in_netns;
-use quicsdn_lab::netns::Netns;
+use quicsdn_lab::control_link::Impairment;
 use quicsdn_lab::openflow_peer::Controller;
-use quicsdn_lab::ovs::{BridgeConfig, Ovs};
-use quicsdn_lab::pki::Pki;
-use quicsdn_lab::process::ProcRecord;
+use quicsdn_lab::testbed::{Testbed, TestbedSpec, Via};
 use quicsdn_wire::openflow::build::{self, Action, FlowMod, Oxm, group_command};
 use quicsdn_wire::openflow::fields::command;
 
 const PREFIX: &str = "qsdnS";
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-/// How the switch reaches the controller program.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Variant {
-    Tcp,
-    /// The agents with `switch_streams` on the switch agent (which opens the
-    /// session) and, optionally, `--relaxed-flow-mods` on the controller agent.
-    Quic {
-        switch_streams: &'static str,
-        relaxed: bool,
-    },
-}
-
-/// A switch, a lossy control link, and (for `quic`) the agents. Whatever was
-/// created is removed on drop, also when setting up fails half-way.
+/// A testbed with a controller connected, ready for programs.
 struct Setup {
-    dir: PathBuf,
-    ovs: Option<Ovs>,
-    link: Option<ControlLink>,
-    procs: Vec<ProcRecord>,
-    controller: Option<Controller>,
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        for p in self.procs.iter().rev() {
-            let _ = p.terminate(Duration::from_secs(5));
-        }
-        if let Some(l) = &self.link {
-            let _ = l.destroy();
-        }
-        if let Some(o) = &self.ovs {
-            let _ = o.stop();
-        }
-        remove_namespaces();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn ns_names() -> (String, String) {
-    (format!("{PREFIX}-ctl"), format!("{PREFIX}-sw1"))
-}
-
-fn remove_namespaces() {
-    let (ctl, sw) = ns_names();
-    for name in [sw, ctl] {
-        if Netns::exists(&name) {
-            let ns = Netns::named(&name);
-            let _ = ns.kill_all(Duration::from_secs(5));
-            let _ = ns.delete();
-        }
-    }
+    bed: Testbed,
+    controller: Controller,
 }
 
 impl Setup {
-    fn new(variant: Variant) -> Setup {
+    fn new(via: Via) -> Setup {
         require_root();
-        remove_namespaces();
-        let _ = quicsdn_lab::emulator::destroy_link_by_name(
-            std::path::Path::new(quicsdn_lab::emulator::link::DEFAULT_RUN_DIR),
-            &format!("{PREFIX}-c1"),
-        );
-        let dir = PathBuf::from(format!("/run/quicsdn-lab/{PREFIX}-streams"));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut setup = Setup {
-            dir: dir.clone(),
-            ovs: None,
-            link: None,
-            procs: Vec::new(),
-            controller: None,
-        };
-        let (ctl_name, sw_name) = ns_names();
-        let ctl = Netns::create(&ctl_name).unwrap();
-        let sw = Netns::create(&sw_name).unwrap();
-        let impairment = Impairment {
-            delay: Some(Duration::from_millis(5)),
-            jitter: Some(Duration::from_millis(3)),
-            loss_percent: Some(5.0),
-            rate_bps: None,
-        };
-        let spec = ControlLinkSpec::new(1, PREFIX, &ctl_name, &sw_name, impairment);
-        let (ctl_ip, sw_ip) = (spec.ctl_addr(), spec.sw_addr());
-        setup.link = Some(ControlLink::create(spec, &lab_binary().unwrap()).unwrap());
-        let ovs = Ovs::start(&sw, &dir.join("sw1")).unwrap();
-        setup.ovs = Some(ovs.clone());
-        ovs.add_bridge(&BridgeConfig::new("br0")).unwrap();
-        let procs = &mut setup.procs;
-        // The controller program listens where the switch (or the controller agent) dials.
-        let listen = if variant == Variant::Tcp {
-            "0.0.0.0:6653"
-        } else {
-            "127.0.0.1:6653"
-        };
-        let listener = in_netns(&ctl_name, move || TcpListener::bind(listen))
-            .unwrap()
-            .unwrap();
-        let target = match variant {
-            Variant::Tcp => format!("tcp:{ctl_ip}:6653"),
-            Variant::Quic {
-                switch_streams,
-                relaxed,
-            } => {
-                let pki = Pki::create(&dir.join("pki")).unwrap();
-                let tls = |name: &str| {
-                    let pair = pki.issue(name).unwrap();
-                    AgentTls {
-                        ca: pki.ca_cert(),
-                        cert: pair.cert,
-                        key: pair.key,
-                    }
-                };
-                let extra: Vec<String> = relaxed
-                    .then(|| "--relaxed-flow-mods".to_string())
-                    .into_iter()
-                    .collect();
-                procs.push(
-                    start_controller_agent(
-                        &ctl,
-                        &format!("{ctl_ip}:6653"),
-                        &tls("ctl"),
-                        &["openflow=tcp:127.0.0.1:6653".into()],
-                        &extra,
-                        &dir.join("controller-agent.log"),
-                    )
-                    .unwrap(),
-                );
-                let socket = openflow_socket(&ovs.dir);
-                procs.push(
-                    start_switch_agent(
-                        &sw,
-                        &format!("{ctl_ip}:6653"),
-                        "ctl",
-                        &tls("sw1"),
-                        &[format!("openflow=punix:{}", socket.display())],
-                        &[format!("--streams={switch_streams}")],
-                        &dir.join("switch-agent.log"),
-                    )
-                    .unwrap(),
-                );
-                format!("unix:{}", socket.display())
-            }
-        };
-        let _ = sw_ip;
-        ovs.set_controller("br0", &[target]).unwrap();
-        setup.controller = Some(accept_controller(&listener));
-        setup
-    }
-
-    fn ovs(&self) -> &Ovs {
-        self.ovs.as_ref().expect("set up")
+        let bed = Testbed::up(&TestbedSpec {
+            prefix: PREFIX.into(),
+            impairment: Impairment {
+                delay: Some(Duration::from_millis(5)),
+                jitter: Some(Duration::from_millis(3)),
+                loss_percent: Some(5.0),
+                rate_bps: None,
+            },
+            via,
+            hosts: 0,
+        })
+        .unwrap();
+        let controller = bed.accept_controller(TIMEOUT).unwrap();
+        Setup { bed, controller }
     }
 
     /// Runs a program and returns the resulting flow and group tables, then
     /// empties them for the next program.
     fn run(&mut self, program: &[Vec<u8>]) -> (Vec<String>, Vec<String>) {
-        let controller = self.controller.as_mut().expect("set up");
         for m in program {
-            controller.send(m).unwrap();
+            self.controller.send(m).unwrap();
         }
-        controller.barrier(0xbabe, TIMEOUT).unwrap();
-        let ovs = self.ovs();
+        self.controller.barrier(0xbabe, TIMEOUT).unwrap();
+        let ovs = self.bed.ovs();
         let br = ovs.bridge_target("br0");
         let flows = ovs.ofctl(&["-O", "OpenFlow13", "dump-flows", &br]).unwrap();
         let groups = ovs
@@ -201,25 +64,14 @@ impl Setup {
     }
 }
 
-/// Accepts the switch's connection and completes the handshake. OVS may drop its
-/// first connection while it applies the rest of its controller settings and
-/// connect again, so a connection that closes during the handshake is replaced
-/// by the next one.
-fn accept_controller(listener: &TcpListener) -> Controller {
-    listener.set_nonblocking(true).unwrap();
-    quicsdn_lab::wait::poll_until(
-        "the switch to connect and complete the handshake",
-        TIMEOUT,
-        || match listener.accept() {
-            Ok((stream, _)) => {
-                stream.set_nonblocking(false)?;
-                Ok(Controller::handshake(stream, TIMEOUT).ok())
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
-            Err(e) => Err(e.into()),
-        },
-    )
-    .unwrap()
+fn agents(switch_streams: &str, relaxed: bool) -> Via {
+    Via::Agents {
+        switch_args: vec![format!("--streams={switch_streams}")],
+        controller_args: relaxed
+            .then(|| "--relaxed-flow-mods".to_string())
+            .into_iter()
+            .collect(),
+    }
 }
 
 /// Table lines without counters, durations and reply headers, sorted.
@@ -348,9 +200,9 @@ fn program(seed: u64, len: usize, barriers: bool) -> Vec<Vec<u8>> {
     out
 }
 
-/// Final tables per program over one variant.
-fn tables(variant: Variant, programs: &[Vec<Vec<u8>>]) -> Vec<(Vec<String>, Vec<String>)> {
-    let mut setup = Setup::new(variant);
+/// Final tables per program over one way of connecting.
+fn tables(via: Via, programs: &[Vec<Vec<u8>>]) -> Vec<(Vec<String>, Vec<String>)> {
+    let mut setup = Setup::new(via);
     programs.iter().map(|p| setup.run(p)).collect()
 }
 
@@ -361,7 +213,7 @@ fn safe_mode_ends_in_the_same_tables_as_tcp_and_rr16_does_not() {
     let with_barriers: Vec<Vec<Vec<u8>>> = (11..=12).map(|seed| program(seed, 300, true)).collect();
     let all: Vec<Vec<Vec<u8>>> = no_barriers.iter().chain(&with_barriers).cloned().collect();
 
-    let tcp = tables(Variant::Tcp, &all);
+    let tcp = tables(Via::Tcp, &all);
     // The programs really produce tables worth comparing.
     let entries: usize = tcp.iter().map(|(f, g)| f.len() + g.len()).sum();
     assert!(
@@ -370,25 +222,13 @@ fn safe_mode_ends_in_the_same_tables_as_tcp_and_rr16_does_not() {
     );
 
     // The default mode: identical to TCP for every program.
-    let safe = tables(
-        Variant::Quic {
-            switch_streams: "safe",
-            relaxed: false,
-        },
-        &all,
-    );
+    let safe = tables(agents("safe", false), &all);
     for (i, (t, s)) in tcp.iter().zip(&safe).enumerate() {
         assert_eq!(t, s, "program {i}: safe mode and TCP disagree");
     }
 
     // --relaxed-flow-mods keeps it for programs that use barriers.
-    let relaxed = tables(
-        Variant::Quic {
-            switch_streams: "safe",
-            relaxed: true,
-        },
-        &with_barriers,
-    );
+    let relaxed = tables(agents("safe", true), &with_barriers);
     for (i, (t, r)) in tcp[no_barriers.len()..].iter().zip(&relaxed).enumerate() {
         assert_eq!(
             t, r,
@@ -398,13 +238,7 @@ fn safe_mode_ends_in_the_same_tables_as_tcp_and_rr16_does_not() {
 
     // rr:16 reorders: expected to end in different tables (documented, not a bug).
     // The switch agent opens the session, so its --streams decides the mode.
-    let rr = tables(
-        Variant::Quic {
-            switch_streams: "rr:16",
-            relaxed: false,
-        },
-        &no_barriers,
-    );
+    let rr = tables(agents("rr:16", false), &no_barriers);
     assert!(
         tcp.iter().zip(&rr).any(|(t, r)| t != r),
         "rr:16 matched TCP on every program: the expected reordering did not show"

@@ -58,6 +58,9 @@ enum Command {
 enum Bench {
     /// Agents against direct TCP on loopback: messages/s and latency.
     Relay(quicsdn_lab::bench::relay::RelayArgs),
+    /// Head-of-line blocking with real OVS: echo RTT during a stats storm, and
+    /// PACKET_IN delay, over tcp, quic ordered and quic safe.
+    Hol(quicsdn_lab::bench::hol::HolArgs),
     /// Emulator capacity: UDP blasted both ways through an unimpaired link; prints
     /// frames/s per direction and forwarder CPU time per frame.
     Emulator(emulator::bench::BenchOpts),
@@ -135,6 +138,7 @@ fn run(cli: Cli) -> Result<()> {
             DownOutcome::NothingToDo => println!("no lab {} recorded; nothing to do", cli.prefix),
         },
         Command::Bench(Bench::Relay(a)) => quicsdn_lab::bench::relay::run(a)?,
+        Command::Bench(Bench::Hol(a)) => quicsdn_lab::bench::hol::run(a)?,
         Command::Bench(Bench::Emulator(o)) => emulator::bench::run(o)?,
         Command::Emulate(a) => emulator::cli::emulate(a)?,
         Command::Demo(a) => quicsdn_lab::demo::run(a)?,

@@ -51,6 +51,15 @@ impl Controller {
 
     /// Reads one whole message (blocking up to `deadline`).
     fn recv(&mut self, deadline: Instant) -> Result<Received> {
+        match self.recv_by(deadline)? {
+            Some(m) => Ok(m),
+            None => bail!("no message from the switch in time"),
+        }
+    }
+
+    /// Reads one whole message, or `None` once `deadline` passes. Echo requests
+    /// are returned like anything else: the caller answers them.
+    pub fn recv_by(&mut self, deadline: Instant) -> Result<Option<Received>> {
         loop {
             if let Some(h) = Header::parse(&self.buf) {
                 let len = usize::from(h.length);
@@ -59,19 +68,27 @@ impl Controller {
                 }
                 if self.buf.len() >= len {
                     let bytes: Vec<u8> = self.buf.drain(..len).collect();
-                    return Ok(Received { header: h, bytes });
+                    return Ok(Some(Received { header: h, bytes }));
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                bail!("no message from the switch in time");
+                return Ok(None);
             }
             self.stream.set_read_timeout(Some(left))?;
             let mut chunk = [0u8; 65536];
-            let n = self
-                .stream
-                .read(&mut chunk)
-                .context("reading from the switch")?;
+            let n = match self.stream.read(&mut chunk) {
+                Ok(n) => n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(e).context("reading from the switch"),
+            };
             if n == 0 {
                 bail!("the switch closed the connection");
             }

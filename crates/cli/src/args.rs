@@ -127,6 +127,14 @@ pub struct CommonArgs {
     /// Consider the peer dead after this long without hearing from it. [default: 6s]
     #[arg(long, value_name = "DURATION")]
     pub idle_timeout: Option<String>,
+    /// Flow-control window of each stream we receive, e.g. 256k. Smaller bounds how
+    /// much the peer queues on one stream (latency behind bulk data), larger
+    /// allows more throughput per stream on long paths. [default: 1250000]
+    #[arg(long, value_name = "BYTES")]
+    pub stream_window: Option<String>,
+    /// Congestion controller: bbr, cubic or newreno. [default: bbr]
+    #[arg(long, value_name = "NAME")]
+    pub congestion: Option<String>,
     /// Largest message accepted from a local peer, e.g. 16M; larger ones close that
     /// connection. OpenFlow is capped at 65535 by its format. [default: 64M for
     /// JSON-RPC]
@@ -185,6 +193,8 @@ pub struct FileConfig {
     pub streams: Option<String>,
     pub keepalive: Option<String>,
     pub idle_timeout: Option<String>,
+    pub stream_window: Option<String>,
+    pub congestion: Option<String>,
     pub max_message_size: Option<String>,
     pub local_connect_timeout: Option<String>,
     // Switch agent only.
@@ -253,6 +263,17 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
             "idle-timeout",
             defaults.idle_timeout,
         )?,
+        stream_window: match args.stream_window.or(file.stream_window.take()) {
+            Some(s) => u32::try_from(parse_size(&s).map_err(|e| anyhow!("--stream-window: {e}"))?)
+                .map_err(|_| anyhow!("--stream-window: at most 4G"))?,
+            None => defaults.stream_window,
+        },
+        congestion: match args.congestion.or(file.congestion.take()) {
+            Some(s) => s
+                .parse()
+                .map_err(|e: String| anyhow!("--congestion: {e}"))?,
+            None => defaults.congestion,
+        },
         ..defaults
     };
     let max_message = match args.max_message_size.or(file.max_message_size.take()) {

@@ -1,0 +1,364 @@
+//! `quicsdn-lab bench hol`: head-of-line blocking on a lossy control link, with
+//! real Open vSwitch, over `tcp`, the agents in `ordered` mode (one stream per
+//! connection) and the agents in their default `safe` mode.
+//!
+//! * **echo**: the controller keeps two flow-statistics requests outstanding
+//!   against a switch holding thousands of flows (a reply storm of hundreds of
+//!   kilobytes each) and sends an ECHO_REQUEST every 20 ms; the echo round trip
+//!   is measured (2 % loss, 10 ms one-way delay). OVS answers echo at once, so
+//!   the round trip is the transport's: how long a small message waits behind
+//!   bulk data.
+//! * **packet-in**: a host sends 100 UDP packets per second, each a new flow,
+//!   each carrying its send time; the switch has only a table-miss entry, so
+//!   each becomes a PACKET_IN; the controller measures host-to-controller delay
+//!   (100 ms round trip, 1 % and 5 % loss).
+//!
+//! Prints p50/p99/mean per transport and the reduction against `tcp`; writes
+//! `samples.csv` and `summary.md` to `--out`. A benchmark: it asserts nothing.
+
+use std::fmt::Write as _;
+use std::net::UdpSocket;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use quicsdn_wire::openflow::build::{self, Action, CONTROLLER, FlowMod, Oxm, msg_type};
+use quicsdn_wire::openflow::{HEADER_LEN, fields};
+
+use crate::control_link::Impairment;
+use crate::emulator::sys::{in_netns, monotonic_ns};
+use crate::openflow_peer::Controller;
+use crate::testbed::{Testbed, TestbedSpec, Via};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct HolArgs {
+    /// Where `samples.csv` and `summary.md` go.
+    #[arg(long, default_value = "lab-results/hol")]
+    pub out: PathBuf,
+    /// A short run (a few seconds per cell) instead of 15 s.
+    #[arg(long)]
+    pub quick: bool,
+    /// Extra options for both agents (repeatable), e.g. `--agent-arg=--stream-window=256k`.
+    #[arg(long = "agent-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub agent_args: Vec<String>,
+}
+
+const PREFIX: &str = "qsdnhol";
+const TIMEOUT: Duration = Duration::from_secs(60);
+/// Marks the benchmark's UDP payloads.
+const MAGIC: &[u8; 8] = b"qsdnHOL1";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Tcp,
+    Ordered,
+    Safe,
+}
+
+impl Transport {
+    const ALL: [Transport; 3] = [Transport::Tcp, Transport::Ordered, Transport::Safe];
+
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Ordered => "quic ordered",
+            Transport::Safe => "quic (default: safe)",
+        }
+    }
+
+    fn via(self, extra: &[String]) -> Via {
+        let streams = |m: &str| Via::Agents {
+            switch_args: [vec![format!("--streams={m}")], extra.to_vec()].concat(),
+            controller_args: extra.to_vec(),
+        };
+        match self {
+            Transport::Tcp => Via::Tcp,
+            Transport::Ordered => streams("ordered"),
+            Transport::Safe => streams("safe"),
+        }
+    }
+}
+
+/// The samples of one cell, in milliseconds.
+struct Cell {
+    bench: &'static str,
+    loss: f64,
+    transport: Transport,
+    samples: Vec<f64>,
+    /// The delay no transport can avoid: the propagation delay the sample
+    /// includes (one way for packet-ins, a round trip for echo).
+    floor_ms: f64,
+}
+
+fn testbed(
+    transport: Transport,
+    delay_ms: u64,
+    loss: f64,
+    hosts: u32,
+    extra: &[String],
+) -> Result<(Testbed, Controller)> {
+    let bed = Testbed::up(&TestbedSpec {
+        prefix: PREFIX.into(),
+        impairment: Impairment {
+            delay: Some(Duration::from_millis(delay_ms)),
+            loss_percent: Some(loss),
+            ..Impairment::default()
+        },
+        via: transport.via(extra),
+        hosts,
+    })?;
+    let controller = bed.accept_controller(TIMEOUT)?;
+    Ok((bed, controller))
+}
+
+/// Answers the switch's own echo requests; true if `m` was one.
+fn answer_echo(c: &mut Controller, m: &crate::openflow_peer::Received) -> Result<bool> {
+    if m.header.msg_type == msg_type::ECHO_REQUEST {
+        c.send(&build::echo_reply(m.header.xid, &m.bytes[HEADER_LEN..]))?;
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+fn echo_during_stats_storm(
+    transport: Transport,
+    flows: u32,
+    run: Duration,
+    extra: &[String],
+) -> Result<Vec<f64>> {
+    let (_bed, mut c) = testbed(transport, 10, 2.0, 0, extra)?;
+    for i in 0..flows {
+        let m = vec![Oxm::EthType(0x0800), Oxm::Ipv4Dst(0x0a01_0000 + i, None)];
+        c.send(&build::flow_mod(
+            i,
+            &FlowMod::add(100, m, vec![Action::Output(1)]),
+        ))?;
+    }
+    c.barrier(1, TIMEOUT)?;
+    let mut next_xid = 1_000_000u32;
+    let mut outstanding = Vec::new();
+    let mut rtts = Vec::new();
+    let start = Instant::now();
+    let mut next_echo = start;
+    let mut echo_seq = 0u32;
+    let mut storm_bytes = 0u64;
+    while start.elapsed() < run {
+        while outstanding.len() < 2 {
+            next_xid += 1;
+            c.send(&build::flow_stats_request(next_xid))?;
+            outstanding.push(next_xid);
+        }
+        if Instant::now() >= next_echo {
+            echo_seq += 1;
+            c.send(&build::echo_request(
+                echo_seq,
+                &monotonic_ns().to_be_bytes(),
+            ))?;
+            next_echo += Duration::from_millis(20);
+        }
+        let Some(m) = c.recv_by(next_echo)? else {
+            continue;
+        };
+        if answer_echo(&mut c, &m)? {
+            continue;
+        }
+        match m.header.msg_type {
+            msg_type::ECHO_REPLY if m.bytes.len() >= HEADER_LEN + 8 => {
+                let sent = u64::from_be_bytes(m.bytes[HEADER_LEN..HEADER_LEN + 8].try_into()?);
+                rtts.push((monotonic_ns() - sent) as f64 / 1e6);
+            }
+            msg_type::MULTIPART_REPLY => {
+                storm_bytes += m.bytes.len() as u64;
+                let more = m.bytes.get(11).is_some_and(|f| f & 1 == 1);
+                if !more {
+                    outstanding.retain(|&x| x != m.header.xid);
+                }
+            }
+            _ => {}
+        }
+    }
+    if rtts.is_empty() {
+        bail!("{}: no echo reply came back", transport.name());
+    }
+    println!(
+        "  flow-stats replies received: {:.2} MB/s",
+        storm_bytes as f64 / start.elapsed().as_secs_f64() / 1e6
+    );
+    Ok(rtts)
+}
+
+/// The send time a benchmark packet carries, from a PACKET_IN.
+fn packet_send_time(msg: &[u8]) -> Option<u64> {
+    let frame = fields::packet_in_data(msg)?;
+    // Ethernet (14) + IPv4 (20, no options from this sender) + UDP (8).
+    let payload = frame.get(42..)?;
+    if payload.get(..8)? != MAGIC {
+        return None;
+    }
+    Some(u64::from_be_bytes(payload.get(8..16)?.try_into().ok()?))
+}
+
+fn packet_in_delay(
+    transport: Transport,
+    loss: f64,
+    run: Duration,
+    extra: &[String],
+) -> Result<Vec<f64>> {
+    let (bed, mut c) = testbed(transport, 50, loss, 1, extra)?;
+    // Only a table-miss entry: every packet goes to the controller.
+    c.send(&build::flow_mod(
+        1,
+        &FlowMod::add(0, vec![], vec![Action::Output(CONTROLLER)]),
+    ))?;
+    c.barrier(2, TIMEOUT)?;
+    let host = bed.hosts[0].clone();
+    host.ip(&[
+        "neigh",
+        "replace",
+        "10.0.0.250",
+        "lladdr",
+        "02:00:00:00:00:fa",
+        "dev",
+        "eth0",
+    ])?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_sender = stop.clone();
+    // 100 packets per second, each from its own source port: each a new flow.
+    let sender = std::thread::spawn(move || -> Result<u64> {
+        in_netns(&host.name, move || -> Result<u64> {
+            let sockets: Vec<UdpSocket> = (0..200u16)
+                .map(|i| UdpSocket::bind(("10.0.0.1", 20_000 + i)))
+                .collect::<std::io::Result<_>>()?;
+            let start = Instant::now();
+            let mut sent = 0u64;
+            while !stop_sender.load(Ordering::Relaxed) {
+                let due = start + Duration::from_millis(10) * sent as u32;
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+                let mut payload = MAGIC.to_vec();
+                payload.extend_from_slice(&monotonic_ns().to_be_bytes());
+                sockets[(sent % 200) as usize].send_to(&payload, ("10.0.0.250", 9))?;
+                sent += 1;
+            }
+            Ok(sent)
+        })?
+    });
+    let mut delays = Vec::new();
+    let end = Instant::now() + run;
+    while Instant::now() < end {
+        let Some(m) = c.recv_by(end)? else { break };
+        if answer_echo(&mut c, &m)? {
+            continue;
+        }
+        if m.header.msg_type == msg_type::PACKET_IN
+            && let Some(sent) = packet_send_time(&m.bytes)
+        {
+            delays.push((monotonic_ns() - sent) as f64 / 1e6);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let sent = sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("sender panicked"))??;
+    if delays.len() < (sent / 2) as usize {
+        bail!(
+            "{}: only {} of {sent} packets came back as PACKET_INs",
+            transport.name(),
+            delays.len()
+        );
+    }
+    Ok(delays)
+}
+
+fn stats(samples: &[f64]) -> (f64, f64, f64) {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let p = |q: f64| s[((s.len() as f64 - 1.0) * q).round() as usize];
+    (p(0.5), p(0.99), s.iter().sum::<f64>() / s.len() as f64)
+}
+
+pub fn run(args: HolArgs) -> Result<()> {
+    let run = if args.quick {
+        Duration::from_secs(3)
+    } else {
+        Duration::from_secs(15)
+    };
+    let flows = if args.quick { 1000 } else { 5000 };
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let mut cells = Vec::new();
+    for t in Transport::ALL {
+        println!(
+            "echo during a flow-stats storm ({flows} flows), 2% loss: {}",
+            t.name()
+        );
+        cells.push(Cell {
+            bench: "echo",
+            loss: 2.0,
+            transport: t,
+            samples: echo_during_stats_storm(t, flows, run, &args.agent_args)?,
+            floor_ms: 20.0,
+        });
+    }
+    for loss in [1.0, 5.0] {
+        for t in Transport::ALL {
+            println!("packet-in delay, 100 ms RTT, {loss}% loss: {}", t.name());
+            cells.push(Cell {
+                bench: "packet-in",
+                loss,
+                transport: t,
+                samples: packet_in_delay(t, loss, run, &args.agent_args)?,
+                floor_ms: 50.0,
+            });
+        }
+    }
+    let mut csv = String::from("bench,loss_percent,transport,sample_ms\n");
+    for c in &cells {
+        for s in &c.samples {
+            writeln!(csv, "{},{},{},{s:.3}", c.bench, c.loss, c.transport.name())?;
+        }
+    }
+    std::fs::write(args.out.join("samples.csv"), csv)?;
+    let mut md = String::from(
+        "# Head-of-line blocking with real Open vSwitch\n\n\
+         Generated by `quicsdn-lab bench hol`. echo: round trip of ECHO_REQUEST during a \
+         flow-stats storm, 10 ms one-way delay, 2 % loss. packet-in: host-to-controller \
+         delay of PACKET_INs, 50 ms one-way delay (100 ms RTT). All in ms. *Excess* is \
+         the part above the propagation delay no transport can avoid (20 ms round trip for \
+         echo, 50 ms one way for packet-ins): the waiting a transport adds.\n\n\
+         | bench | loss | transport | samples | p50 | p99 | mean | mean vs tcp | p99 vs tcp | excess mean vs tcp | excess p99 vs tcp |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    println!();
+    for c in &cells {
+        let (p50, p99, mean) = stats(&c.samples);
+        let tcp = cells
+            .iter()
+            .find(|b| b.bench == c.bench && b.loss == c.loss && b.transport == Transport::Tcp)
+            .map(|b| stats(&b.samples))
+            .expect("tcp measured");
+        let vs = |x: f64, base: f64| format!("{:+.0}%", (x / base - 1.0) * 100.0);
+        let excess =
+            |x: f64, base: f64| vs((x - c.floor_ms).max(0.0), (base - c.floor_ms).max(1e-3));
+        let line = format!(
+            "| {} | {}% | {} | {} | {p50:.1} | {p99:.1} | {mean:.1} | {} | {} | {} | {} |",
+            c.bench,
+            c.loss,
+            c.transport.name(),
+            c.samples.len(),
+            vs(mean, tcp.2),
+            vs(p99, tcp.1),
+            excess(mean, tcp.2),
+            excess(p99, tcp.1)
+        );
+        println!("{line}");
+        md += &line;
+        md.push('\n');
+    }
+    std::fs::write(args.out.join("summary.md"), md)?;
+    println!("\nwrote {}/samples.csv and summary.md", args.out.display());
+    Ok(())
+}

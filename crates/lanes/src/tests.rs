@@ -228,24 +228,11 @@ fn whole_messages_pass_through_without_copying() {
 mod of13 {
     use super::*;
 
-    pub const HELLO: u8 = 0;
-    pub const ERROR: u8 = 1;
-    pub const ECHO_REQUEST: u8 = 2;
-    pub const ECHO_REPLY: u8 = 3;
+    pub use openflow::build::msg_type::*;
     pub const EXPERIMENTER: u8 = 4;
-    pub const FEATURES_REQUEST: u8 = 5;
-    pub const FEATURES_REPLY: u8 = 6;
     pub const SET_CONFIG: u8 = 9;
-    pub const PACKET_IN: u8 = 10;
     pub const FLOW_REMOVED: u8 = 11;
     pub const PORT_STATUS: u8 = 12;
-    pub const PACKET_OUT: u8 = 13;
-    pub const FLOW_MOD: u8 = 14;
-    pub const GROUP_MOD: u8 = 15;
-    pub const MULTIPART_REQUEST: u8 = 18;
-    pub const MULTIPART_REPLY: u8 = 19;
-    pub const BARRIER_REQUEST: u8 = 20;
-    pub const BARRIER_REPLY: u8 = 21;
     pub const ROLE_REPLY: u8 = 25;
 
     pub fn plain(kind: u8, xid: u32, tag: u32) -> Vec<u8> {
@@ -544,6 +531,18 @@ fn transmit(batches: &[Batch], rng: &mut Rng, loss: u64) -> Vec<(u64, usize, Byt
     chunks
 }
 
+/// Delivers `batches` through [`transmit`] into `inbound` and returns the bytes it
+/// released, in release order.
+fn deliver(inbound: &mut Inbound, batches: &[Batch], rng: &mut Rng, loss: u64) -> Vec<u8> {
+    let mut got = Vec::new();
+    for (_, lane, chunk) in transmit(batches, rng, loss) {
+        for run in inbound.push(lane, chunk).unwrap() {
+            got.extend_from_slice(&run);
+        }
+    }
+    got
+}
+
 /// One simulated direction of a session: `messages` go through an Outbound (read
 /// in random pieces), the lossy network and an Inbound. Returns the released
 /// messages in release order.
@@ -571,12 +570,10 @@ fn simulate(
         }
     }
     let mut inbound = Inbound::new(Framing::OpenFlow, MAX, mode, direction);
-    let mut released = Vec::new();
-    for (_, lane, chunk) in transmit(&sent, &mut rng, loss) {
-        for run in inbound.push(lane, chunk).unwrap() {
-            released.extend(split_messages(Framing::OpenFlow, &run));
-        }
-    }
+    let released = split_messages(
+        Framing::OpenFlow,
+        &deliver(&mut inbound, &sent, &mut rng, loss),
+    );
     for lane in 0..inbound.lanes() {
         inbound.finish(lane).unwrap();
     }
@@ -820,13 +817,7 @@ proptest! {
             out.handshake_complete();
             let sent_batches = batches(&mut out, &msgs.concat());
             let mut inbound = Inbound::new(Framing::OpenFlow, MAX, mode, Direction::ToSwitch);
-            let mut released = Vec::new();
-            for (_, lane, chunk) in transmit(&sent_batches, &mut rng, loss) {
-                for run in inbound.push(lane, chunk).unwrap() {
-                    released.extend(split_messages(Framing::OpenFlow, &run));
-                }
-            }
-            released
+            split_messages(Framing::OpenFlow, &deliver(&mut inbound, &sent_batches, &mut rng, loss))
         };
         check(&sent, &released);
     }
@@ -857,13 +848,7 @@ proptest! {
             }
         }
         let mut inbound = Inbound::new(framing, MAX, StreamMode::Ordered, Direction::ToSwitch);
-        let mut got = Vec::new();
-        for (_, lane, chunk) in transmit(&sent, &mut rng, 5) {
-            for run in inbound.push(lane, chunk).unwrap() {
-                got.extend_from_slice(&run);
-            }
-        }
-        prop_assert_eq!(got, stream);
+        prop_assert_eq!(deliver(&mut inbound, &sent, &mut rng, 5), stream);
     }
 
     /// Round robin: every message arrives exactly once and whole; each lane's
@@ -883,12 +868,7 @@ proptest! {
         }
         let mut rng = Rng(seed | 1);
         let mut inbound = Inbound::new(Framing::OpenFlow, MAX, mode, Direction::ToController);
-        let mut got = Vec::new();
-        for (_, lane, chunk) in transmit(&sent, &mut rng, 5) {
-            for run in inbound.push(lane, chunk).unwrap() {
-                got.extend(split_messages(Framing::OpenFlow, &run));
-            }
-        }
+        let got = split_messages(Framing::OpenFlow, &deliver(&mut inbound, &sent, &mut rng, 5));
         let mut sorted_got = got.clone();
         sorted_got.sort();
         let mut sorted_sent = messages.clone();
@@ -922,12 +902,10 @@ fn round_robin_breaks_barrier_order_under_loss() {
     let sent = batches(&mut out, &msgs.concat());
     let mut rng = Rng(42);
     let mut inbound = Inbound::new(Framing::OpenFlow, MAX, mode, Direction::ToSwitch);
-    let mut got = Vec::new();
-    for (_, lane, chunk) in transmit(&sent, &mut rng, 5) {
-        for run in inbound.push(lane, chunk).unwrap() {
-            got.extend(split_messages(Framing::OpenFlow, &run));
-        }
-    }
+    let got = split_messages(
+        Framing::OpenFlow,
+        &deliver(&mut inbound, &sent, &mut rng, 5),
+    );
     assert_ne!(
         got, msgs,
         "rr:16 kept the order this time; the seed no longer shows the problem"

@@ -114,6 +114,8 @@ pub struct CommonConfig {
     pub max_message: Option<usize>,
     /// How long to wait for a local connection to the switch or controller.
     pub local_connect_timeout: Duration,
+    /// The control socket (see [`crate::control`]), if any.
+    pub control: Option<std::path::PathBuf>,
 }
 
 impl CommonConfig {
@@ -126,6 +128,7 @@ impl CommonConfig {
             quic: QuicOptions::default(),
             max_message: None,
             local_connect_timeout: Duration::from_secs(5),
+            control: None,
         }
     }
 

@@ -14,7 +14,7 @@
 use crate::config::ControllerConfig;
 use crate::link::Link;
 use crate::services::{Service, ServiceTable};
-use crate::{AgentError, Shutdown};
+use crate::{AgentError, Shutdown, control};
 use quicsdn_transport::local::LocalListener;
 use quicsdn_transport::tls::Credentials;
 use quicsdn_transport::{identity, quic};
@@ -46,6 +46,7 @@ pub struct ControllerAgent {
     inner: Arc<Inner>,
     shutdown: Shutdown,
     accept_task: JoinHandle<()>,
+    control_task: Option<JoinHandle<()>>,
 }
 
 impl ControllerAgent {
@@ -66,11 +67,27 @@ impl ControllerAgent {
             switches: Mutex::new(HashMap::new()),
         });
         let shutdown = Shutdown::new();
+        let mut control_task = None;
+        if let Some(path) = inner.config.common.control.clone() {
+            let listener = control::bind(&path).await.map_err(|e| AgentError::Listen {
+                service: "control".into(),
+                target: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            let handler = Arc::new(Control(inner.clone()));
+            control_task = Some(tokio::spawn(control::serve(
+                listener,
+                path,
+                handler,
+                shutdown.clone(),
+            )));
+        }
         let accept_task = tokio::spawn(accept_connections(inner.clone(), shutdown.clone()));
         Ok(ControllerAgent {
             inner,
             shutdown,
             accept_task,
+            control_task,
         })
     }
 
@@ -102,6 +119,9 @@ impl ControllerAgent {
             b"controller agent shutting down",
         );
         let _ = self.accept_task.await;
+        if let Some(t) = self.control_task {
+            let _ = t.await;
+        }
         let entries: Vec<SwitchEntry> = self
             .inner
             .switches
@@ -114,6 +134,36 @@ impl ControllerAgent {
             stop_listeners(e.listeners).await;
         }
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
+    }
+}
+
+/// The controller agent's answers on its control socket.
+struct Control(Arc<Inner>);
+
+impl control::Handler for Control {
+    fn status(&self) -> control::Answer<'_, control::Status> {
+        Box::pin(async move {
+            let inner = &self.0;
+            let mut connections: Vec<control::ConnectionStatus> = inner
+                .switches
+                .lock()
+                .await
+                .values()
+                .filter_map(|e| e.link.borrow().clone())
+                .filter(|l| l.is_alive())
+                .map(|l| control::ConnectionStatus::of(&l))
+                .collect();
+            connections.sort_by(|a, b| a.switch.cmp(&b.switch));
+            control::Status {
+                role: "controller".into(),
+                local_addr: inner.endpoint.local_addr().unwrap_or(inner.config.listen),
+                connections,
+            }
+        })
+    }
+
+    fn rebind(&self, _bind: Option<SocketAddr>) -> Result<SocketAddr, String> {
+        Err("only a switch agent moves to a new address; the controller agent keeps its --listen address".into())
     }
 }
 

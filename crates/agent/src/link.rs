@@ -130,6 +130,11 @@ impl Link {
         (Route { link: self, key }, rx)
     }
 
+    /// Sessions this connection carries now.
+    pub fn session_count(&self) -> usize {
+        self.routes().sessions.len()
+    }
+
     /// True while the connection is usable.
     pub fn is_alive(&self) -> bool {
         self.conn.close_reason().is_none()

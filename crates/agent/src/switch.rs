@@ -14,7 +14,7 @@
 use crate::config::SwitchConfig;
 use crate::link::Link;
 use crate::services::{Service, ServiceTable};
-use crate::{AgentError, Shutdown};
+use crate::{AgentError, Shutdown, control};
 use quicsdn_transport::backoff::Backoff;
 use quicsdn_transport::local::{LocalListener, LocalStream};
 use quicsdn_transport::target::Target;
@@ -112,6 +112,15 @@ impl SwitchAgent {
             ));
         }
         tasks.spawn(manage_connection(inner.clone(), shutdown.clone()));
+        if let Some(path) = inner.config.common.control.clone() {
+            let listener = control::bind(&path).await.map_err(|e| AgentError::Listen {
+                service: "control".into(),
+                target: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            let handler = Arc::new(Control(inner.clone()));
+            tasks.spawn(control::serve(listener, path, handler, shutdown.clone()));
+        }
         Ok(SwitchAgent {
             inner,
             shutdown,
@@ -133,6 +142,14 @@ impl SwitchAgent {
     /// The local UDP address of the QUIC endpoint.
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.inner.endpoint.local_addr()
+    }
+
+    /// Moves the QUIC endpoint to a new local UDP address (port 0 picks one), as
+    /// after a NAT rebinding or an address change: the connection to the
+    /// controller agent migrates (RFC 9000 §9) and every session carries on.
+    /// Returns the new address.
+    pub fn rebind(&self, to: SocketAddr) -> std::io::Result<SocketAddr> {
+        self.inner.rebind(to)
     }
 
     /// True while connected to the controller agent.
@@ -167,6 +184,51 @@ impl SwitchAgent {
         );
         while self.tasks.join_next().await.is_some() {}
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
+    }
+}
+
+impl Inner {
+    fn rebind(&self, to: SocketAddr) -> std::io::Result<SocketAddr> {
+        let socket = quic::udp_socket(to)?;
+        self.endpoint.rebind(socket)?;
+        let now = self.endpoint.local_addr()?;
+        info!(switch = %self.identity, local = %now, "moved to a new local address; the connection migrates");
+        Ok(now)
+    }
+}
+
+/// The switch agent's answers on its control socket.
+struct Control(Arc<Inner>);
+
+impl control::Handler for Control {
+    fn status(&self) -> control::Answer<'_, control::Status> {
+        let inner = &self.0;
+        let status = control::Status {
+            role: "switch".into(),
+            local_addr: inner
+                .endpoint
+                .local_addr()
+                .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0))),
+            connections: match &*inner.state.borrow() {
+                LinkState::Up(link) if link.is_alive() => vec![control::ConnectionStatus::of(link)],
+                _ => vec![],
+            },
+        };
+        Box::pin(async move { status })
+    }
+
+    fn rebind(&self, bind: Option<SocketAddr>) -> Result<SocketAddr, String> {
+        // By default: the same address, a new port (what a NAT rebinding does).
+        let to = match bind {
+            Some(b) => b,
+            None => {
+                let now = self.0.endpoint.local_addr().map_err(|e| e.to_string())?;
+                SocketAddr::new(now.ip(), 0)
+            }
+        };
+        self.0
+            .rebind(to)
+            .map_err(|e| format!("cannot bind {to}: {e}"))
     }
 }
 

@@ -706,3 +706,120 @@ async fn safe_mode_through_the_agents_keeps_openflow_order_and_closes_cleanly() 
     assert_eq!(read_to_close(&mut ctl_r).await.unwrap(), b"");
     setup.shutdown().await;
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_rebinding_switch_agent_migrates_and_loses_nothing() {
+    let (logs, _guard) = LogCapture::install();
+    // Random message types: compare bytes in the byte-for-byte mode.
+    let setup =
+        OneService::start("openflow", |_, sw| sw.common.streams = StreamMode::Ordered).await;
+    let (ovs, ctl) = setup.connect().await;
+    let (mut ovs_r, mut ovs_w) = ovs.into_split();
+    let (mut ctl_r, mut ctl_w) = ctl.into_split();
+    let before = setup.agent.local_addr().unwrap();
+    let (first, second) = (openflow_messages(21, 500), openflow_messages(22, 500));
+    let first_len: usize = first.iter().map(Vec::len).sum();
+    send_all(&mut ovs_w, &first).await;
+    send_all(&mut ctl_w, &first).await;
+    // Move to a new port while the first batch may still be in flight.
+    let after = setup.agent.rebind("127.0.0.1:0".parse().unwrap()).unwrap();
+    assert_ne!(before.port(), after.port());
+    send_all(&mut ovs_w, &second).await;
+    send_all(&mut ctl_w, &second).await;
+    let total = first_len + second.iter().map(Vec::len).sum::<usize>();
+    let (at_ctl, at_ovs) = tokio::join!(
+        read_exact_len(&mut ctl_r, total),
+        read_exact_len(&mut ovs_r, total)
+    );
+    let all = [first.concat(), second.concat()].concat();
+    assert!(
+        at_ctl == all && at_ovs == all,
+        "bytes lost, duplicated or reordered across the migration"
+    );
+    // One connection, one session: nothing reconnected.
+    assert_eq!(
+        logs.lines_with(&["connected to the controller agent"])
+            .len(),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert_eq!(logs.lines_with(&["switch agent connected"]).len(), 1);
+    assert!(
+        logs.lines_with(&["session closed"]).is_empty(),
+        "{}",
+        logs.text()
+    );
+    assert!(setup.agent.is_connected());
+    setup.shutdown().await;
+}
+
+/// Sends one request line to a control socket and returns the JSON answer.
+async fn control(path: &std::path::Path, request: &str) -> serde_json::Value {
+    let mut s = UnixStream::connect(path).await.unwrap();
+    s.write_all(format!("{request}\n").as_bytes())
+        .await
+        .unwrap();
+    let mut line = String::new();
+    let mut r = tokio::io::BufReader::new(s);
+    tokio::io::AsyncBufReadExt::read_line(&mut r, &mut line)
+        .await
+        .unwrap();
+    serde_json::from_str(&line).unwrap()
+}
+
+#[tokio::test]
+async fn the_control_sockets_report_and_rebind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sw_sock, ctl_sock) = (dir.path().join("sw.ctl"), dir.path().join("ctl.ctl"));
+    let (a, b) = (sw_sock.clone(), ctl_sock.clone());
+    let setup = OneService::start("openflow", move |ctl, sw| {
+        sw.common.control = Some(a);
+        ctl.common.control = Some(b);
+    })
+    .await;
+    let (mut ovs, mut ctl) = setup.connect().await;
+    ovs.write_all(&openflow::message(4, 0, 1, &[]))
+        .await
+        .unwrap();
+    read_exact_len(&mut ctl, 8).await;
+    let s = control(&sw_sock, r#"{"cmd":"status"}"#).await;
+    assert_eq!(
+        (s["ok"].clone(), s["role"].clone()),
+        (true.into(), "switch".into()),
+        "{s}"
+    );
+    assert_eq!(s["connections"][0]["switch"], "sw1");
+    assert_eq!(s["connections"][0]["sessions"], 1);
+    let c = control(&ctl_sock, r#"{"cmd":"status"}"#).await;
+    assert_eq!(c["connections"][0]["switch"], "sw1", "{c}");
+    assert_eq!(c["connections"][0]["remote"], s["local_addr"]);
+    // Rebind through the socket: a new port, seen by the controller agent.
+    let r = control(&sw_sock, r#"{"cmd":"rebind"}"#).await;
+    assert_eq!(r["ok"], true, "{r}");
+    assert_ne!(r["local_addr"], s["local_addr"]);
+    ovs.write_all(&openflow::message(4, 2, 2, b"after"))
+        .await
+        .unwrap();
+    read_exact_len(&mut ctl, 13).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let c = control(&ctl_sock, r#"{"cmd":"status"}"#).await;
+        if c["connections"][0]["remote"] == r["local_addr"] {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the controller agent never saw the new address: {c}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The controller agent does not move; bad requests are answered, not fatal.
+    assert_eq!(control(&ctl_sock, r#"{"cmd":"rebind"}"#).await["ok"], false);
+    assert_eq!(control(&sw_sock, "nonsense").await["ok"], false);
+    setup.shutdown().await;
+    assert!(
+        !sw_sock.exists() && !ctl_sock.exists(),
+        "control sockets left behind"
+    );
+}

@@ -59,6 +59,29 @@ pub enum Command {
     Switch(SwitchArgs),
     /// Run the controller agent, beside the controller.
     Controller(ControllerArgs),
+    /// Talk to a running agent's control socket (its --control path).
+    Control(ControlArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ControlArgs {
+    /// The agent's control socket.
+    #[arg(long, value_name = "PATH")]
+    pub socket: PathBuf,
+    #[command(subcommand)]
+    pub request: ControlRequest,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum ControlRequest {
+    /// Print what the agent is connected to (JSON).
+    Status,
+    /// Switch agent: move to a new local UDP port (or --bind address); the QUIC
+    /// connection migrates and every session carries on.
+    Rebind {
+        #[arg(long, value_name = "IP:PORT")]
+        bind: Option<SocketAddr>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -144,6 +167,9 @@ pub struct CommonArgs {
     /// [default: 5s]
     #[arg(long, value_name = "DURATION")]
     pub local_connect_timeout: Option<String>,
+    /// A unix socket for `quicsdn control` (status, rebind), mode 0600.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -197,6 +223,7 @@ pub struct FileConfig {
     pub congestion: Option<String>,
     pub max_message_size: Option<String>,
     pub local_connect_timeout: Option<String>,
+    pub control: Option<PathBuf>,
     // Switch agent only.
     pub controller: Option<String>,
     pub server_name: Option<String>,
@@ -296,6 +323,7 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
             "local-connect-timeout",
             Duration::from_secs(5),
         )?,
+        control: args.control.or(file.control.take()),
     })
 }
 

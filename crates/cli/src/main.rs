@@ -44,6 +44,7 @@ fn run(cli: Cli) -> Result<()> {
     };
     match cli.command {
         Command::Pki(cmd) => pki_command(cmd),
+        Command::Control(args) => control_command(args),
         Command::Switch(args) => {
             let file = FileConfig::load(args.common.config.as_deref())?;
             log_level(&file)?;
@@ -91,6 +92,32 @@ async fn wait_for_signal() -> Result<()> {
     tokio::select! {
         r = tokio::signal::ctrl_c() => r?,
         _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+/// Sends one request to an agent's control socket and prints the answer.
+fn control_command(args: args::ControlArgs) -> Result<()> {
+    use std::io::{BufRead, BufReader, Write};
+    let request = match args.request {
+        args::ControlRequest::Status => serde_json::json!({"cmd": "status"}),
+        args::ControlRequest::Rebind { bind } => serde_json::json!({"cmd": "rebind", "bind": bind}),
+    };
+    let mut stream = std::os::unix::net::UnixStream::connect(&args.socket)
+        .map_err(|e| anyhow::anyhow!("cannot connect to {}: {e}", args.socket.display()))?;
+    writeln!(stream, "{request}")?;
+    let mut line = String::new();
+    BufReader::new(&stream).read_line(&mut line)?;
+    let answer: serde_json::Value = serde_json::from_str(&line)
+        .map_err(|e| anyhow::anyhow!("the agent answered something unreadable ({e}): {line}"))?;
+    println!("{}", serde_json::to_string_pretty(&answer)?);
+    if answer["ok"] != true {
+        anyhow::bail!(
+            "{}",
+            answer["error"]
+                .as_str()
+                .unwrap_or("the agent refused the request")
+        );
     }
     Ok(())
 }

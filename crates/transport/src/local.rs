@@ -150,16 +150,7 @@ impl LocalListener {
                 })?;
                 Ok(LocalListener::Tcp(listener))
             }
-            Target::PUnix { path } => {
-                if let Some(dir) = path.parent() {
-                    std::fs::create_dir_all(dir)?;
-                }
-                remove_stale_socket(path).await?;
-                let listener = UnixListener::bind(path).map_err(|e| {
-                    io::Error::new(e.kind(), format!("cannot listen on {target}: {e}"))
-                })?;
-                Ok(LocalListener::Unix(listener, path.clone()))
-            }
+            Target::PUnix { path } => Ok(LocalListener::Unix(bind_unix(path).await?, path.clone())),
             active => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("{active} is an active target; cannot listen on it"),
@@ -199,6 +190,21 @@ impl Drop for LocalListener {
             let _ = std::fs::remove_file(path);
         }
     }
+}
+
+/// Listens on a unix socket path, creating missing parent directories and
+/// replacing a stale socket file; a live socket or a non-socket file is an error.
+pub async fn bind_unix(path: &Path) -> io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    remove_stale_socket(path).await?;
+    UnixListener::bind(path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot listen on {}: {e}", path.display()),
+        )
+    })
 }
 
 async fn remove_stale_socket(path: &Path) -> io::Result<()> {

@@ -98,7 +98,8 @@ fn transport_config(opts: &QuicOptions) -> Result<TransportConfig, TlsError> {
     Ok(t)
 }
 
-fn udp_socket(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+/// A UDP socket for an endpoint, bound to `addr`, with large buffers.
+pub fn udp_socket(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     if addr.is_ipv6() {

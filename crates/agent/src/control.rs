@@ -1,0 +1,180 @@
+//! The agents' control socket (`--control PATH`): a unix socket taking one JSON
+//! request per line and answering one JSON line, for operators and tests.
+//!
+//! ```text
+//! {"cmd":"status"}                       → what the agent is connected to, per connection
+//! {"cmd":"rebind"}                       → (switch agent) move to a new local UDP port
+//! {"cmd":"rebind","bind":"10.0.0.9:0"}   → … or to this address
+//! ```
+//!
+//! Answers are `{"ok":true,...}` or `{"ok":false,"error":"…"}`. The socket is
+//! created with mode 0600 (root only, like Open vSwitch's control sockets).
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixListener;
+use tracing::warn;
+
+use crate::Shutdown;
+use crate::link::Link;
+
+/// A request on the control socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "lowercase")]
+pub enum Request {
+    Status,
+    Rebind {
+        #[serde(default)]
+        bind: Option<SocketAddr>,
+    },
+}
+
+/// One QUIC connection as `status` reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConnectionStatus {
+    /// The switch's identity.
+    pub switch: String,
+    pub remote: SocketAddr,
+    pub rtt_ms: f64,
+    /// Sessions carried now.
+    pub sessions: usize,
+    pub sent_packets: u64,
+    pub lost_packets: u64,
+    pub udp_tx_bytes: u64,
+    pub udp_rx_bytes: u64,
+}
+
+impl ConnectionStatus {
+    pub fn of(link: &Link) -> ConnectionStatus {
+        let s = link.conn.stats();
+        ConnectionStatus {
+            switch: link.switch.to_string(),
+            remote: link.conn.remote_address(),
+            rtt_ms: s.path.rtt.as_secs_f64() * 1000.0,
+            sessions: link.session_count(),
+            sent_packets: s.path.sent_packets,
+            lost_packets: s.path.lost_packets,
+            udp_tx_bytes: s.udp_tx.bytes,
+            udp_rx_bytes: s.udp_rx.bytes,
+        }
+    }
+}
+
+/// What an agent answers `status` with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// `switch` or `controller`.
+    pub role: String,
+    pub local_addr: SocketAddr,
+    pub connections: Vec<ConnectionStatus>,
+}
+
+/// A future a [`Handler`] returns.
+pub type Answer<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// What an agent does for control requests.
+pub trait Handler: Send + Sync + 'static {
+    fn status(&self) -> Answer<'_, Status>;
+    fn rebind(&self, bind: Option<SocketAddr>) -> Result<SocketAddr, String>;
+}
+
+async fn answer(handler: &dyn Handler, line: &str) -> serde_json::Value {
+    let request: Request = match serde_json::from_str(line) {
+        Ok(r) => r,
+        Err(e) => return serde_json::json!({"ok": false, "error": format!("bad request: {e}")}),
+    };
+    match request {
+        Request::Status => {
+            let mut v = serde_json::to_value(handler.status().await).expect("status serialises");
+            v["ok"] = true.into();
+            v
+        }
+        Request::Rebind { bind } => match handler.rebind(bind) {
+            Ok(addr) => serde_json::json!({"ok": true, "local_addr": addr}),
+            Err(e) => serde_json::json!({"ok": false, "error": e}),
+        },
+    }
+}
+
+/// Binds the control socket (replacing a stale one, refusing a live one).
+pub(crate) async fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    let listener = quicsdn_transport::local::bind_unix(path).await?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Serves control requests until `shutdown`; removes the socket file at the end.
+pub(crate) async fn serve(
+    listener: UnixListener,
+    path: std::path::PathBuf,
+    handler: Arc<dyn Handler>,
+    shutdown: Shutdown,
+) {
+    loop {
+        let conn = tokio::select! {
+            c = listener.accept() => c,
+            _ = shutdown.wait() => break,
+        };
+        let (stream, _) = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                warn!("control socket {}: {e}", path.display());
+                continue;
+            }
+        };
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let (r, mut w) = stream.into_split();
+            let mut lines = BufReader::new(r).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut out = answer(handler.as_ref(), &line).await.to_string();
+                out.push('\n');
+                if w.write_all(out.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fake;
+
+    impl Handler for Fake {
+        fn status(&self) -> Answer<'_, Status> {
+            Box::pin(async {
+                Status {
+                    role: "switch".into(),
+                    local_addr: "127.0.0.1:1".parse().unwrap(),
+                    connections: vec![],
+                }
+            })
+        }
+        fn rebind(&self, bind: Option<SocketAddr>) -> Result<SocketAddr, String> {
+            bind.ok_or_else(|| "no".to_string())
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_and_answers() {
+        assert_eq!(answer(&Fake, r#"{"cmd":"status"}"#).await["role"], "switch");
+        assert_eq!(answer(&Fake, r#"{"cmd":"status"}"#).await["ok"], true);
+        let r = answer(&Fake, r#"{"cmd":"rebind","bind":"127.0.0.1:9"}"#).await;
+        assert_eq!(r["local_addr"], "127.0.0.1:9");
+        assert_eq!(answer(&Fake, r#"{"cmd":"rebind"}"#).await["error"], "no");
+        let bad = answer(&Fake, r#"{"cmd":"reboot"}"#).await;
+        assert_eq!(bad["ok"], false);
+        assert!(
+            bad["error"].as_str().unwrap().contains("bad request"),
+            "{bad}"
+        );
+    }
+}

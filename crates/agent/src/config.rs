@@ -16,6 +16,11 @@ use quicsdn_wire::preamble::{Opener, validate_service_name};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+/// Open vSwitch's fail-mode timeout with its default 5 s inactivity probe
+/// (ovs-vswitchd.conf.db(5): the switch falls back to its fail mode after 3
+/// probe intervals without a controller).
+pub const OVS_FAIL_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// Default size limit for JSON-RPC messages. OVSDB monitor replies for a large
 /// database run to megabytes; anything near this is a runaway peer.
 pub const DEFAULT_JSONRPC_MAX: usize = 64 << 20;
@@ -160,8 +165,16 @@ impl CommonConfig {
         }
         if self.quic.keepalive >= self.quic.idle_timeout {
             return Err(ConfigError::Invalid(format!(
-                "keepalive ({:?}) must be shorter than the idle timeout ({:?})",
+                "keepalive ({:?}) must be shorter than the grace period ({:?})",
                 self.quic.keepalive, self.quic.idle_timeout
+            )));
+        }
+        if self.quic.idle_timeout >= OVS_FAIL_TIMEOUT {
+            return Err(ConfigError::Invalid(format!(
+                "the grace period ({:?}) must stay below Open vSwitch's fail-mode timeout \
+                 (3 × inactivity_probe = {OVS_FAIL_TIMEOUT:?} by default), or OVS would act on a \
+                 controller it believes connected",
+                self.quic.idle_timeout
             )));
         }
         Ok(())
@@ -283,6 +296,10 @@ mod tests {
             ..ok.clone()
         };
         assert!(bad.validate().unwrap_err().to_string().contains("{switch}"));
+        let mut long = ok.clone();
+        long.common.quic.idle_timeout = Duration::from_secs(15);
+        let e = long.validate().unwrap_err().to_string();
+        assert!(e.contains("fail-mode timeout"), "{e}");
         let dup = ControllerConfig {
             common: common(&["openflow=tcp:127.0.0.1:1", "openflow=tcp:127.0.0.1:2"]),
             ..ok

@@ -147,8 +147,11 @@ pub struct CommonArgs {
     /// Send a QUIC PING after this long idle. [default: 2s]
     #[arg(long, value_name = "DURATION")]
     pub keepalive: Option<String>,
-    /// Consider the peer dead after this long without hearing from it. [default: 6s]
-    #[arg(long, value_name = "DURATION")]
+    /// The grace period: how long sessions survive while the other agent is
+    /// silent (an outage, a migration) before the QUIC connection is declared
+    /// dead and OVS's connections are closed. Keep it below OVS's fail-mode
+    /// timeout (3 × inactivity_probe, 15 s by default). [default: 6s]
+    #[arg(long = "grace", alias = "idle-timeout", value_name = "DURATION")]
     pub idle_timeout: Option<String>,
     /// Flow-control window of each stream we receive, e.g. 256k. Smaller bounds how
     /// much the peer queues on one stream (latency behind bulk data), larger
@@ -219,6 +222,7 @@ pub struct FileConfig {
     pub streams: Option<String>,
     pub keepalive: Option<String>,
     pub idle_timeout: Option<String>,
+    pub grace: Option<String>,
     pub stream_window: Option<String>,
     pub congestion: Option<String>,
     pub max_message_size: Option<String>,
@@ -286,8 +290,8 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
         )?,
         idle_timeout: duration(
             args.idle_timeout,
-            file.idle_timeout.take(),
-            "idle-timeout",
+            file.grace.take().or(file.idle_timeout.take()),
+            "grace",
             defaults.idle_timeout,
         )?,
         stream_window: match args.stream_window.or(file.stream_window.take()) {

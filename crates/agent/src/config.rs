@@ -214,6 +214,9 @@ pub struct ControllerConfig {
     /// `--relaxed-flow-mods`: in `safe` mode, FLOW_MODs for different entries may
     /// overtake each other (see docs/streams.md for when that is safe).
     pub relaxed_flow_mods: bool,
+    /// `--session-store`: a file keeping TLS sessions (0-RTT tickets) across
+    /// restarts; in memory only without it.
+    pub session_store: Option<std::path::PathBuf>,
     pub common: CommonConfig,
 }
 
@@ -285,6 +288,7 @@ mod tests {
         let ok = ControllerConfig {
             listen: "0.0.0.0:6653".parse().unwrap(),
             relaxed_flow_mods: false,
+            session_store: None,
             common: common(&[
                 "openflow=tcp:127.0.0.1:6653",
                 "ovsdb=punix:/run/q/{switch}.sock",

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 use tracing::warn;
@@ -45,6 +46,15 @@ pub struct ConnectionStatus {
     pub lost_packets: u64,
     pub udp_tx_bytes: u64,
     pub udp_rx_bytes: u64,
+    /// The connection began in 0-RTT (a resumed session used before its
+    /// handshake completed).
+    pub zero_rtt: bool,
+    /// True once the handshake has completed.
+    pub confirmed: bool,
+    /// Messages that crossed before the handshake completed (replay-safe only).
+    pub early_messages: u64,
+    /// Sessions that held a message until the handshake completed.
+    pub early_held_sessions: u64,
 }
 
 impl ConnectionStatus {
@@ -59,6 +69,10 @@ impl ConnectionStatus {
             lost_packets: s.path.lost_packets,
             udp_tx_bytes: s.udp_tx.bytes,
             udp_rx_bytes: s.udp_rx.bytes,
+            zero_rtt: link.early_start,
+            confirmed: link.is_confirmed(),
+            early_messages: link.early.messages.load(Ordering::Relaxed),
+            early_held_sessions: link.early.held_sessions.load(Ordering::Relaxed),
         }
     }
 }

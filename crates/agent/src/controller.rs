@@ -11,11 +11,14 @@
 //! connection timed out (after a restart or a path change), the new connection
 //! replaces the old one, which is closed with `SUPERSEDED`.
 
-use crate::config::ControllerConfig;
+use crate::config::{ConfigError, ControllerConfig};
 use crate::link::Link;
 use crate::services::{Service, ServiceTable};
+use crate::session::Handshake;
 use crate::{AgentError, Shutdown, control};
+use bytes::Bytes;
 use quicsdn_transport::local::LocalListener;
+use quicsdn_transport::resumption::{self, SessionStore};
 use quicsdn_transport::tls::Credentials;
 use quicsdn_transport::{identity, quic};
 use quicsdn_wire::preamble::{Opener, code};
@@ -55,7 +58,13 @@ impl ControllerAgent {
         let creds = Credentials::load(&config.common.tls)?;
         crate::warn_if_expiring(&creds);
         let services = Arc::new(ServiceTable::new(&config.common, Opener::Controller));
-        let endpoint = quic::server_endpoint(config.listen, &creds, &config.common.quic)?;
+        let sessions = Arc::new(match &config.session_store {
+            Some(path) => SessionStore::open(path, resumption::DEFAULT_CAPACITY).map_err(|e| {
+                AgentError::Config(ConfigError::Invalid(format!("--session-store: {e}")))
+            })?,
+            None => SessionStore::in_memory(resumption::DEFAULT_CAPACITY),
+        });
+        let endpoint = quic::server_endpoint(config.listen, &creds, &config.common.quic, sessions)?;
         info!(
             listen = %endpoint.local_addr()?, identity = %creds.identity, services = %services.names(),
             "controller agent listening"
@@ -186,14 +195,38 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
 
 async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming) {
     let remote = incoming.remote_address();
-    let conn = match incoming.await {
+    let connecting = match incoming.accept() {
         Ok(c) => c,
         Err(e) => {
-            // rustls' reason says what was wrong with the certificate (expired,
-            // unknown issuer, none presented); no local connection is ever opened.
-            warn!(%remote, "rejected a switch agent during the handshake: {e}");
+            warn!(%remote, "cannot accept a connection: {e}");
             return;
         }
+    };
+    // On a server into_0rtt always succeeds; `done` resolves when the handshake
+    // has completed or failed.
+    let (conn, done) = match connecting.into_0rtt() {
+        Ok((conn, done)) => (conn, Some(done)),
+        Err(connecting) => match connecting.await {
+            Ok(conn) => (conn, None),
+            Err(e) => return handshake_failed(remote, &e),
+        },
+    };
+    // A resumed session (a ticket from this agent's session store) names its
+    // switch already, from the certificate verified when the ticket was issued:
+    // its 0-RTT data can be served now, through the 0-RTT gates. A full
+    // handshake names the switch only once its certificate is verified.
+    let early = match done {
+        Some(done) if identity::of_connection(&conn).is_some() => {
+            Some((watch::channel(Handshake::Pending), done))
+        }
+        Some(done) => {
+            done.await;
+            if let Some(e) = conn.close_reason() {
+                return handshake_failed(remote, &e);
+            }
+            None
+        }
+        None => None,
     };
     let Some(switch) = identity::of_connection(&conn) else {
         warn!(%remote, "rejected a connection without a usable certificate identity");
@@ -211,12 +244,38 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming) {
         inner.config.common.streams,
         inner.config.relaxed_flow_mods,
         inner.config.common.local_connect_timeout,
+        early.as_ref().map(|((_, rx), _)| rx.clone()),
     );
+    let serving = link.clone().serve();
+    tokio::pin!(serving);
+    if let Some(((confirmed, _), done)) = early {
+        // Registering supersedes the switch's older connection, so it waits for
+        // the handshake: replayed 0-RTT packets never complete one (RFC 9001
+        // §5.6), and must not take a live switch's place.
+        tokio::select! {
+            reason = &mut serving => {
+                info!(switch = %switch, %remote, "a 0-RTT connection ended before its handshake completed: {reason}");
+                return;
+            }
+            _ = done => {}
+        }
+        if let Some(e) = conn.close_reason() {
+            info!(switch = %switch, %remote, "a 0-RTT connection failed its handshake: {e}");
+            return;
+        }
+        confirmed.send_replace(Handshake::Complete);
+    }
     register(&inner, &switch, &link).await;
-    info!(switch = %switch, %remote, "switch agent connected");
-    let reason = link.clone().serve().await;
+    info!(switch = %switch, %remote, zero_rtt = link.early_start, "switch agent connected");
+    let reason = serving.await;
     info!(switch = %switch, %remote, "switch agent disconnected: {reason}");
     unregister(&inner, &switch, &link).await;
+}
+
+fn handshake_failed(remote: SocketAddr, e: &quinn::ConnectionError) {
+    // rustls' reason says what was wrong with the certificate (expired,
+    // unknown issuer, none presented); no local connection is ever opened.
+    warn!(%remote, "rejected a switch agent during the handshake: {e}");
 }
 
 /// Makes `link` the switch's current connection, superseding an older one, and
@@ -300,7 +359,12 @@ async fn accept_for_switch(
                 let current = link.borrow().clone().filter(|l| l.is_alive());
                 match current {
                     Some(l) => {
-                        sessions.spawn(l.open_session(service.clone(), local));
+                        // Registered links have completed their handshake: no 0-RTT retry.
+                        let open =
+                            l.open_session(service.clone(), local.into_split(), Bytes::new());
+                        sessions.spawn(async move {
+                            open.await;
+                        });
                     }
                     None => info!(
                         switch = %switch, service = %service.name,

@@ -4,18 +4,20 @@
 //! opens, and the routing of each session's further lanes.
 
 use crate::services::{Service, ServiceTable};
-use crate::session::{self, IncomingLane, SessionInfo, SessionStreams};
+use crate::session::{
+    self, Early, EarlyStats, Handshake, IncomingLane, Outcome, SessionInfo, SessionStreams,
+};
 use bytes::{Bytes, BytesMut};
 use quicsdn_lanes::StreamMode;
 use quicsdn_lanes::rules::Direction;
-use quicsdn_transport::local::LocalStream;
+use quicsdn_transport::local::{LocalRead, LocalStream, LocalWrite};
 use quicsdn_wire::preamble::{Hello, Opener, SessionPreamble, StreamStart, code};
 use quinn::{RecvStream, SendStream, VarInt};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 /// How long a peer may take to send a stream's preamble; also how long a lane may
@@ -45,6 +47,12 @@ pub struct Link {
     local_connect_timeout: Duration,
     next_session: AtomicU64,
     routes: Mutex<Routes>,
+    /// Where the TLS handshake stands. A connection resumed with 0-RTT is used
+    /// before it completes, with the gates of [`quicsdn_lanes::early`].
+    handshake: watch::Receiver<Handshake>,
+    /// The connection began before its handshake completed (0-RTT).
+    pub early_start: bool,
+    pub early: Arc<EarlyStats>,
 }
 
 /// Removes a session's route when the session ends.
@@ -61,7 +69,8 @@ impl Drop for Route<'_> {
 
 impl Link {
     /// `relaxed` enables `--relaxed-flow-mods` for what this side sends (only the
-    /// controller agent sends towards the switch).
+    /// controller agent sends towards the switch). `handshake` is `None` for a
+    /// connection whose handshake has completed, else where it stands.
     pub fn new(
         conn: quinn::Connection,
         switch: Arc<str>,
@@ -69,8 +78,14 @@ impl Link {
         mode: StreamMode,
         relaxed: bool,
         local_connect_timeout: Duration,
+        handshake: Option<watch::Receiver<Handshake>>,
     ) -> Arc<Link> {
+        let early_start = handshake.is_some();
+        let handshake = handshake.unwrap_or_else(|| watch::channel(Handshake::Complete).1);
         Arc::new(Link {
+            handshake,
+            early_start,
+            early: Arc::default(),
             conn,
             switch,
             services,
@@ -135,6 +150,22 @@ impl Link {
         self.routes().sessions.len()
     }
 
+    /// True once the handshake has completed.
+    pub fn is_confirmed(&self) -> bool {
+        *self.handshake.borrow() != Handshake::Pending
+    }
+
+    /// The 0-RTT gate for a session starting now, if the handshake is not
+    /// complete: the switch agent gates what it sends, the controller agent what
+    /// it delivers.
+    fn early_gate(&self) -> Option<Early> {
+        (!self.is_confirmed()).then(|| Early {
+            handshake: self.handshake.clone(),
+            outgoing: self.on_switch(),
+            stats: self.early.clone(),
+        })
+    }
+
     /// True while the connection is usable.
     pub fn is_alive(&self) -> bool {
         self.conn.close_reason().is_none()
@@ -161,8 +192,16 @@ impl Link {
         }
     }
 
-    /// Opens a session for a local connection this agent accepted.
-    pub async fn open_session(self: Arc<Self>, service: Arc<Service>, local: LocalStream) {
+    /// Opens a session for a local connection this agent accepted, with what
+    /// was read from it already (`preread`, after a rejected 0-RTT). Returns
+    /// [`Outcome::Retry`] if the controller agent rejected the 0-RTT data this
+    /// session started in: the caller starts it again on the next connection.
+    pub async fn open_session(
+        self: Arc<Self>,
+        service: Arc<Service>,
+        local: (LocalRead, LocalWrite),
+        preread: Bytes,
+    ) -> Outcome {
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
         // A raw byte stream has no message boundaries to schedule by.
         let mode = if service.framing.has_boundaries() {
@@ -176,33 +215,37 @@ impl Link {
             service: service.name.clone(),
         };
         let (_route, lanes) = self.route((true, id));
+        let early = self.early_gate();
         let opened = async {
             let (mut send, recv) = self.conn.open_bi().await?;
             send.write_all(&preamble.encode()).await?;
             Ok::<_, quinn::WriteError>((send, recv))
         }
         .await;
-        match opened {
-            Ok((send, recv)) => {
-                let streams = SessionStreams {
-                    send,
-                    recv,
-                    initial: Bytes::new(),
-                    lanes,
-                };
-                session::run(
-                    self.info(&service, id, mode, true),
-                    self.conn.clone(),
+        let (send, recv) = match opened {
+            Ok(streams) => streams,
+            Err(quinn::WriteError::ZeroRttRejected) => {
+                return Outcome::Retry {
                     local,
-                    streams,
-                )
-                .await
+                    replay: preread,
+                };
             }
-            Err(e) => info!(
-                switch = %self.switch, service = %service.name, session = id,
-                "{} connection closed: cannot open a session: {e}", self.names().0
-            ),
-        }
+            Err(e) => {
+                info!(
+                    switch = %self.switch, service = %service.name, session = id,
+                    "{} connection closed: cannot open a session: {e}", self.names().0
+                );
+                return Outcome::Done;
+            }
+        };
+        let streams = SessionStreams {
+            send,
+            recv,
+            initial: Bytes::new(),
+            lanes,
+        };
+        let info = self.info(&service, id, mode, true);
+        session::run(info, self.conn.clone(), local, streams, early, preread).await
     }
 
     /// The switch agent's side of the hello exchange: sends ours, waits for the
@@ -221,7 +264,8 @@ impl Link {
                 .await
                 .map_err(|e| e.to_string())?;
             let _ = send.finish();
-            match read_start(&mut recv).await? {
+            let r = read_start(&mut recv).await;
+            match r? {
                 (StreamStart::Control(theirs), _) => Ok(theirs),
                 _ => Err("the peer answered the hello with something else".to_string()),
             }
@@ -341,7 +385,18 @@ impl Link {
                     lanes,
                 };
                 let info = self.info(&service, p.session, mode, false);
-                session::run(info, self.conn.clone(), local, streams).await;
+                let early = self.early_gate();
+                // Only the opener (the switch agent) starts a session again after a
+                // rejected 0-RTT; the controller agent never sees one.
+                let _ = session::run(
+                    info,
+                    self.conn.clone(),
+                    local.into_split(),
+                    streams,
+                    early,
+                    Bytes::new(),
+                )
+                .await;
                 drop(route);
                 return;
             }

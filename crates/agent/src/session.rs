@@ -14,6 +14,13 @@
 //!   streams' flow-control windows, and so the sender. A lane whose next message
 //!   waits for a fence is not read at all until it may proceed.
 //!
+//! A session that starts before the QUIC handshake completes (0-RTT) has an
+//! [`Early`] gate on the direction that may be replayed: what the switch agent
+//! sends, and what the controller agent delivers to the controller. Until the
+//! handshake completes only replay-safe messages pass it
+//! ([`quicsdn_lanes::early`]); the first other one stops that direction
+//! (reading stops too) until then.
+//!
 //! What the in-pump learns that the out-pump needs (the OpenFlow handshake is
 //! over; an OVSDB echo request arrived) goes over a small channel.
 //!
@@ -23,15 +30,16 @@
 //! closes the local socket; other sessions are not affected. One log line
 //! records how the session ended.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use quicsdn_lanes::rules::Direction;
-use quicsdn_lanes::{Inbound, InboundEvent, Outbound, PRIORITY_LANE, StreamMode};
-use quicsdn_transport::local::{LocalRead, LocalStream, LocalWrite};
+use quicsdn_lanes::{EarlyGate, Inbound, InboundEvent, Outbound, PRIORITY_LANE, StreamMode};
+use quicsdn_transport::local::{LocalRead, LocalWrite};
 use quicsdn_wire::FrameError;
 use quicsdn_wire::preamble::{LanePreamble, code};
 use quinn::{ReadError, RecvStream, SendStream, VarInt, WriteError};
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
@@ -78,6 +86,103 @@ pub struct SessionInfo {
     pub relaxed: bool,
 }
 
+/// Where a connection's TLS handshake stands, for sessions started in 0-RTT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handshake {
+    Pending,
+    Complete,
+    /// Complete, but the server did not accept the 0-RTT data (client only).
+    ZeroRttRejected,
+}
+
+/// A session started before its connection's handshake completed.
+#[derive(Debug, Clone)]
+pub struct Early {
+    /// Leaves `Pending` when the handshake completes; dropped if it never does.
+    pub handshake: watch::Receiver<Handshake>,
+    /// True to gate what this side sends (the client), false to gate what it
+    /// delivers locally (the server).
+    pub outgoing: bool,
+    pub stats: Arc<EarlyStats>,
+}
+
+/// What the 0-RTT gates of one connection did.
+#[derive(Debug, Default)]
+pub struct EarlyStats {
+    /// Messages that passed before the handshake completed.
+    pub messages: AtomicU64,
+    /// Sessions that held a message until the handshake completed.
+    pub held_sessions: AtomicU64,
+}
+
+/// One direction's [`EarlyGate`] with what it waits for.
+struct Gate {
+    gate: EarlyGate,
+    handshake: watch::Receiver<Handshake>,
+    stats: Arc<EarlyStats>,
+    held: bool,
+}
+
+/// Why a gate let nothing more through.
+enum Shut {
+    /// The server rejected 0-RTT: nothing sent early arrived.
+    Rejected,
+    /// The connection ended before its handshake completed.
+    Lost,
+}
+
+impl Gate {
+    fn new(early: &Early, service: &Service) -> Gate {
+        Gate {
+            gate: EarlyGate::new(service.framing, service.max_message),
+            handshake: early.handshake.clone(),
+            stats: early.stats.clone(),
+            held: false,
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8]) -> Bytes {
+        let pass = self.gate.push(bytes);
+        self.held |= self.gate.is_holding();
+        pass
+    }
+
+    /// True once the handshake has completed (accepted or not).
+    fn is_confirmed(&self) -> bool {
+        *self.handshake.borrow() != Handshake::Pending
+    }
+
+    /// True when the direction must wait for the handshake before going on.
+    fn must_wait(&self) -> bool {
+        self.gate.is_holding()
+    }
+
+    /// Waits for the handshake, then returns everything held.
+    async fn released(&mut self) -> Result<Bytes, Shut> {
+        let state = self
+            .handshake
+            .wait_for(|h| *h != Handshake::Pending)
+            .await
+            .map_err(|_| Shut::Lost)?;
+        if *state == Handshake::ZeroRttRejected {
+            return Err(Shut::Rejected);
+        }
+        drop(state);
+        Ok(self.gate.confirm())
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.stats
+            .messages
+            .fetch_add(self.gate.passed_early(), Ordering::Relaxed);
+        if self.held {
+            self.stats.held_sessions.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Why one direction of a session stopped.
 #[derive(Debug)]
 enum End {
@@ -92,6 +197,10 @@ enum End {
     RemoteStopped(VarInt),
     RemoteReset(VarInt),
     ConnectionLost(quinn::ConnectionError),
+    /// The peer rejected 0-RTT: what this session sent early never arrived, and
+    /// RFC 9001 §4.6.2 says the client "MUST reset the state of all streams,
+    /// including application state bound to those streams".
+    ZeroRttRejected,
 }
 
 impl End {
@@ -107,7 +216,9 @@ impl End {
             End::Finished | End::Aborted | End::LocalTruncated(_) | End::RemoteStopped(_) => None,
             End::LocalMalformed(_) => Some(code::MALFORMED_MESSAGE),
             End::RemoteMalformed(_) => Some(code::PROTOCOL_VIOLATION),
-            End::LocalIo(_) | End::ConnectionLost(_) => Some(code::LOCAL_ABORT),
+            End::LocalIo(_) | End::ConnectionLost(_) | End::ZeroRttRejected => {
+                Some(code::LOCAL_ABORT)
+            }
             End::RemoteReset(c) => Some(c.into_inner() as u32),
         }
     }
@@ -122,6 +233,7 @@ fn write_end(e: WriteError) -> End {
     match e {
         WriteError::Stopped(c) => End::RemoteStopped(c),
         WriteError::ConnectionLost(e) => End::ConnectionLost(e),
+        WriteError::ZeroRttRejected => End::ZeroRttRejected,
         other => End::RemoteMalformed(other.to_string()),
     }
 }
@@ -130,6 +242,7 @@ fn read_end(e: ReadError) -> End {
     match e {
         ReadError::Reset(c) => End::RemoteReset(c),
         ReadError::ConnectionLost(e) => End::ConnectionLost(e),
+        ReadError::ZeroRttRejected => End::ZeroRttRejected,
         other => End::RemoteMalformed(other.to_string()),
     }
 }
@@ -167,13 +280,28 @@ async fn or_abort<T>(
     }
 }
 
-/// Runs a session to its end. Never panics on peer input; logs one line at the end.
+/// How a session ended.
+pub enum Outcome {
+    Done,
+    /// The server rejected 0-RTT before anything reached the local peer: its
+    /// connection and every byte read from it, to start again on the next
+    /// connection. The local peer notices nothing.
+    Retry {
+        local: (LocalRead, LocalWrite),
+        replay: Bytes,
+    },
+}
+
+/// Runs a session to its end. Never panics on peer input; logs one line at the
+/// end. `preread` is what was read from the local peer before (a retry).
 pub async fn run(
     info: SessionInfo,
     conn: quinn::Connection,
-    local: LocalStream,
+    local: (LocalRead, LocalWrite),
     streams: SessionStreams,
-) {
+    early: Option<Early>,
+    preread: Bytes,
+) -> Outcome {
     let service = info.service.clone();
     info!(
         switch = %info.switch,
@@ -182,7 +310,7 @@ pub async fn run(
         streams = %info.mode,
         "session opened"
     );
-    let (rd, wr) = local.into_split();
+    let (rd, wr) = local;
     let (abort_tx, abort_rx) = watch::channel(None::<u32>);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let outbound = Outbound::new(
@@ -192,6 +320,7 @@ pub async fn run(
         info.direction,
         info.relaxed,
     );
+
     let received = match info.direction {
         Direction::ToSwitch => Direction::ToController,
         Direction::ToController => Direction::ToSwitch,
@@ -204,13 +333,21 @@ pub async fn run(
         priority_lane: matches!(info.mode, StreamMode::Safe { .. }),
     };
     let mut counts = Counts::default();
+    let gate = |outgoing: bool| {
+        early
+            .as_ref()
+            .filter(|e| e.outgoing == outgoing)
+            .map(|e| Gate::new(e, &service))
+    };
     let out = pump_out(
         rd,
+        preread,
         outbound,
         streams.send,
         lane_opener,
         events_rx,
         abort_rx.clone(),
+        gate(true),
     );
     let inn = pump_in(
         wr,
@@ -219,21 +356,26 @@ pub async fn run(
         streams.lanes,
         events_tx,
         abort_rx,
+        gate(false),
     );
     tokio::pin!(out, inn);
     let (mut out_done, mut in_done) = (false, false);
     let mut first_failure: Option<(&'static str, End)> = None;
+    let (mut rd, mut wr, mut replay) = (None, None, None);
     while !out_done || !in_done {
         let (direction, end) = tokio::select! {
-            (e, messages, bytes) = &mut out, if !out_done => {
+            out = &mut out, if !out_done => {
                 out_done = true;
-                counts.messages_out = messages;
-                counts.bytes_out = bytes;
-                ("out", e)
+                counts.messages_out = out.messages;
+                counts.bytes_out = out.bytes;
+                rd = Some(out.rd);
+                replay = out.replay;
+                ("out", out.end)
             }
-            (e, bytes) = &mut inn, if !in_done => {
+            (e, bytes, w) = &mut inn, if !in_done => {
                 in_done = true;
                 counts.bytes_in = bytes;
+                wr = Some(w);
                 ("in", e)
             }
         };
@@ -246,7 +388,23 @@ pub async fn run(
             debug!(switch = %info.switch, service = %service.name, session = info.id, direction, "direction ended");
         }
     }
+    let rejected = matches!(first_failure, Some((_, End::ZeroRttRejected)));
+    if rejected
+        && counts.bytes_in == 0
+        && let (Some(rd), Some(wr), Some(replay)) = (rd, wr, replay)
+    {
+        info!(
+            switch = %info.switch, service = %service.name, session = info.id,
+            "the {} rejected 0-RTT; the session starts again on the next connection",
+            info.remote_name
+        );
+        return Outcome::Retry {
+            local: (rd, wr),
+            replay: replay.freeze(),
+        };
+    }
     log_end(&info, first_failure, counts);
+    Outcome::Done
 }
 
 /// Opens this side's further lanes of a session.
@@ -313,20 +471,38 @@ fn log_end(info: &SessionInfo, failure: Option<(&'static str, End)>, c: Counts) 
         End::ConnectionLost(e) => {
             info!(%switch, %service, session, "session closed: QUIC connection lost: {e}")
         }
+        End::ZeroRttRejected => info!(
+            %switch, %service, session,
+            "session closed: the {remote} rejected 0-RTT, so what this session sent early was not delivered; {local} reconnects"
+        ),
         End::Finished | End::Aborted => unreachable!("not failures"),
     }
     debug!(%switch, %service, session, ?counts, "session counters");
 }
 
 /// Returns how it ended, and the messages and bytes it sent.
-async fn pump_out(
+/// What the out-pump returns.
+struct OutEnd {
+    end: End,
+    messages: u64,
+    bytes: u64,
     rd: LocalRead,
+    /// Every byte read from the local peer, if the session began in 0-RTT and the
+    /// handshake never completed with the 0-RTT data accepted.
+    replay: Option<BytesMut>,
+}
+
+#[allow(clippy::too_many_arguments)] // One pump's parts, named at its one caller.
+async fn pump_out(
+    mut rd: LocalRead,
+    preread: Bytes,
     outbound: Outbound,
     main: SendStream,
     opener: LaneOpener,
     events: mpsc::UnboundedReceiver<InboundEvent>,
     abort: watch::Receiver<Option<u32>>,
-) -> (End, u64, u64) {
+    gate: Option<Gate>,
+) -> OutEnd {
     let lanes = outbound.lanes();
     let mut out = OutPump {
         outbound,
@@ -336,10 +512,13 @@ async fn pump_out(
         opener,
         events,
         abort,
+        replay: gate.as_ref().map(|_| BytesMut::new()),
+        gate,
         messages: 0,
         bytes: 0,
     };
-    let end = out.run(rd).await;
+    out.ingest(&preread);
+    let end = out.run(&mut rd).await;
     // Streams already finished stay finished (the peer delivers what they carry);
     // only a direction cut short is reset.
     let reset = match &end {
@@ -352,7 +531,13 @@ async fn pump_out(
     if let Some(c) = reset {
         out.reset_all(c);
     }
-    (end, out.messages, out.bytes)
+    OutEnd {
+        end,
+        messages: out.messages,
+        bytes: out.bytes,
+        rd,
+        replay: out.replay.take(),
+    }
 }
 
 struct OutPump {
@@ -361,6 +546,11 @@ struct OutPump {
     opener: LaneOpener,
     events: mpsc::UnboundedReceiver<InboundEvent>,
     abort: watch::Receiver<Option<u32>>,
+    /// Until the handshake completes (0-RTT, client side).
+    gate: Option<Gate>,
+    /// Everything read from the local peer while the gate is up, to start again
+    /// if the server rejects 0-RTT.
+    replay: Option<BytesMut>,
     messages: u64,
     bytes: u64,
 }
@@ -396,18 +586,89 @@ impl OutPump {
         Ok(())
     }
 
-    async fn run(&mut self, mut rd: LocalRead) -> End {
+    /// Takes bytes from the local peer: through the 0-RTT gate while there is one.
+    fn ingest(&mut self, bytes: &[u8]) {
+        if let Some(replay) = &mut self.replay {
+            replay.extend_from_slice(bytes);
+        }
+        match &mut self.gate {
+            None => self.outbound.read_buf().extend_from_slice(bytes),
+            Some(gate) => {
+                let pass = gate.push(bytes);
+                self.outbound.read_buf().extend_from_slice(&pass);
+            }
+        }
+    }
+
+    /// Reads from the local peer into the outbound buffer (directly when no gate
+    /// is up).
+    async fn read(&mut self, rd: &mut LocalRead) -> Result<usize, End> {
+        let n = if self.gate.is_none() {
+            or_abort(&mut self.abort, rd.read_buf(self.outbound.read_buf())).await
+        } else {
+            let mut buf = BytesMut::with_capacity(quicsdn_lanes::READ_CHUNK);
+            let r = or_abort(&mut self.abort, rd.read_buf(&mut buf)).await;
+            self.ingest(&buf);
+            r
+        };
+        match n {
+            Err(_) => Err(End::Aborted),
+            Ok(Err(e)) => Err(End::LocalIo(e)),
+            Ok(Ok(n)) => Ok(n),
+        }
+    }
+
+    /// Drops the gate once the handshake has completed, waiting for it first if
+    /// a message is held (or the local peer has finished); true if it released
+    /// bytes into the outbound buffer. RFC 9001 §5.6: "A client MAY wish to
+    /// apply additional restrictions on what data it sends prior to the
+    /// completion of the TLS handshake."
+    async fn pass_gate(&mut self, at_end: bool) -> Result<bool, End> {
+        let Some(gate) = &mut self.gate else {
+            return Ok(false);
+        };
+        if !gate.is_confirmed() && !gate.must_wait() && !at_end {
+            return Ok(false);
+        }
+        let released = match or_abort(&mut self.abort, gate.released()).await {
+            Err(_) | Ok(Err(Shut::Lost)) => return Err(End::Aborted),
+            Ok(Err(Shut::Rejected)) => return Err(End::ZeroRttRejected),
+            Ok(Ok(b)) => b,
+        };
+        self.outbound.read_buf().extend_from_slice(&released);
+        self.gate = None;
+        // Accepted: nothing will need sending again.
+        self.replay = None;
+        Ok(!released.is_empty())
+    }
+
+    async fn run(&mut self, rd: &mut LocalRead) -> End {
+        // What a retried session had read already goes first.
+        if let Err(e) = self.send_batches().await {
+            return e;
+        }
         loop {
-            let n = match or_abort(&mut self.abort, rd.read_buf(self.outbound.read_buf())).await {
-                Err(_) => return End::Aborted,
-                Ok(Err(e)) => return End::LocalIo(e),
-                Ok(Ok(n)) => n,
+            let n = match self.read(rd).await {
+                Err(e) => return e,
+                Ok(n) => n,
             };
             while let Ok(event) = self.events.try_recv() {
                 match event {
                     InboundEvent::HandshakeComplete => self.outbound.handshake_complete(),
                     InboundEvent::EchoRequest(id) => self.outbound.echo_request_received(id),
                 }
+            }
+            if let Err(e) = self.send_batches().await {
+                return e;
+            }
+            match self.pass_gate(n == 0).await {
+                Err(e) => return e,
+                Ok(true) => {
+                    if let Err(e) = self.send_batches().await {
+                        return e;
+                    }
+                }
+                Ok(false) => {}
             }
             if n == 0 {
                 // Whole messages already left; a trailing partial one is dropped, as
@@ -422,30 +683,30 @@ impl OutPump {
                     End::Finished
                 };
             }
-            loop {
-                let batch = match self.outbound.next_batch() {
-                    Ok(Some(b)) => b,
-                    Ok(None) => break,
-                    Err(e) => {
-                        // Everything before the bad message has been sent: end the
-                        // lanes cleanly so the peer delivers it, then close.
-                        if let Err(end) = self.finish().await {
-                            return end;
-                        }
-                        return End::LocalMalformed(e);
-                    }
-                };
-                self.messages += batch.messages as u64;
-                self.bytes += batch.bytes.len() as u64;
-                if let Err(end) = self.ensure_open(batch.lane).await {
-                    return end;
+        }
+    }
+
+    /// Sends every whole message buffered.
+    async fn send_batches(&mut self) -> Result<(), End> {
+        loop {
+            let batch = match self.outbound.next_batch() {
+                Ok(Some(b)) => b,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    // Everything before the bad message has been sent: end the
+                    // lanes cleanly so the peer delivers it, then close.
+                    self.finish().await?;
+                    return Err(End::LocalMalformed(e));
                 }
-                let send = self.sends[batch.lane].as_mut().expect("opened above");
-                match or_abort(&mut self.abort, send.write_chunk(batch.bytes)).await {
-                    Err(_) => return End::Aborted,
-                    Ok(Err(e)) => return write_end(e),
-                    Ok(Ok(())) => {}
-                }
+            };
+            self.messages += batch.messages as u64;
+            self.bytes += batch.bytes.len() as u64;
+            self.ensure_open(batch.lane).await?;
+            let send = self.sends[batch.lane].as_mut().expect("opened above");
+            match or_abort(&mut self.abort, send.write_chunk(batch.bytes)).await {
+                Err(_) => return Err(End::Aborted),
+                Ok(Err(e)) => return Err(write_end(e)),
+                Ok(Ok(())) => {}
             }
         }
     }
@@ -513,19 +774,66 @@ async fn pump_in(
     lanes: mpsc::UnboundedReceiver<IncomingLane>,
     events: mpsc::UnboundedSender<InboundEvent>,
     abort: watch::Receiver<Option<u32>>,
-) -> (End, u64) {
+    gate: Option<Gate>,
+) -> (End, u64, LocalWrite) {
     let mut bytes = 0;
-    let end = pump_in_inner(wr, inbound, main, lanes, events, abort, &mut bytes).await;
-    (end, bytes)
+    let mut wr = wr;
+    let end = pump_in_inner(
+        &mut wr, inbound, main, lanes, events, abort, gate, &mut bytes,
+    )
+    .await;
+    (end, bytes, wr)
 }
 
+/// Delivers `runs` locally, through the 0-RTT gate while there is one; waits for
+/// the handshake if the gate holds a message (or `at_end`) and then delivers
+/// what it held. Returns the end and the abort code on failure.
+async fn deliver(
+    wr: &mut LocalWrite,
+    runs: Vec<Bytes>,
+    gate: &mut Option<Gate>,
+    abort: &mut watch::Receiver<Option<u32>>,
+    at_end: bool,
+    bytes: &mut u64,
+) -> Result<(), (End, Option<u32>)> {
+    let mut out = Vec::with_capacity(runs.len() + 1);
+    match gate {
+        None => out = runs,
+        Some(g) => {
+            out.extend(runs.iter().map(|r| g.push(r)));
+            if g.is_confirmed() || g.must_wait() || at_end {
+                match or_abort(abort, g.released()).await {
+                    Err(c) => return Err((End::Aborted, Some(c))),
+                    Ok(Err(Shut::Lost)) => return Err((End::Aborted, Some(code::LOCAL_ABORT))),
+                    Ok(Err(Shut::Rejected)) => {
+                        return Err((End::ZeroRttRejected, Some(code::LOCAL_ABORT)));
+                    }
+                    Ok(Ok(b)) => out.push(b),
+                }
+                *gate = None;
+            }
+        }
+    }
+    for run in out.into_iter().filter(|r| !r.is_empty()) {
+        *bytes += run.len() as u64;
+        match or_abort(abort, wr.write_all(&run)).await {
+            Err(c) => return Err((End::Aborted, Some(c))),
+            Ok(Err(e)) => return Err((End::LocalIo(e), Some(code::LOCAL_ABORT))),
+            Ok(Ok(())) => {}
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)] // One pump's parts, named at its one caller.
 async fn pump_in_inner(
-    mut wr: LocalWrite,
+    wr: &mut LocalWrite,
     mut inbound: Inbound,
     main: (RecvStream, Bytes),
     mut lanes: mpsc::UnboundedReceiver<IncomingLane>,
     events: mpsc::UnboundedSender<InboundEvent>,
     mut abort: watch::Receiver<Option<u32>>,
+    mut gate: Option<Gate>,
     bytes: &mut u64,
 ) -> End {
     let (stop_tx, stop_rx) = watch::channel(None::<u32>);
@@ -588,22 +896,7 @@ async fn pump_in_inner(
                 for ev in inbound.take_events() {
                     let _ = events.send(ev);
                 }
-                let mut failed = None;
-                for run in runs {
-                    *bytes += run.len() as u64;
-                    match or_abort(&mut abort, wr.write_all(&run)).await {
-                        Err(c) => {
-                            failed = Some((End::Aborted, Some(c)));
-                            break;
-                        }
-                        Ok(Err(e)) => {
-                            failed = Some((End::LocalIo(e), Some(code::LOCAL_ABORT)));
-                            break;
-                        }
-                        Ok(Ok(())) => {}
-                    }
-                }
-                if let Some(f) = failed {
+                if let Err(f) = deliver(wr, runs, &mut gate, &mut abort, false, bytes).await {
                     break f;
                 }
             }
@@ -613,6 +906,11 @@ async fn pump_in_inner(
                 }
                 match inbound.finish(lane) {
                     Ok(true) => {
+                        if let Err(f) =
+                            deliver(wr, Vec::new(), &mut gate, &mut abort, true, bytes).await
+                        {
+                            break f;
+                        }
                         let _ = wr.shutdown().await;
                         break (End::Finished, None);
                     }

@@ -14,20 +14,23 @@
 use crate::config::SwitchConfig;
 use crate::link::Link;
 use crate::services::{Service, ServiceTable};
+use crate::session::{Handshake, Outcome};
 use crate::{AgentError, Shutdown, control};
+use bytes::Bytes;
 use quicsdn_transport::backoff::Backoff;
 use quicsdn_transport::local::{LocalListener, LocalStream};
 use quicsdn_transport::target::Target;
 use quicsdn_transport::tls::Credentials;
 use quicsdn_transport::{identity, quic};
-use quicsdn_wire::preamble::{Opener, code};
+use quicsdn_wire::preamble::{Hello, Opener, code};
 use quinn::{Endpoint, VarInt};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// The connection to the controller agent, as the rest of the agent sees it.
 #[derive(Clone)]
@@ -47,6 +50,9 @@ struct Inner {
     state: watch::Sender<LinkState>,
     /// Asks the connection manager to try now instead of waiting out its backoff.
     kick: Notify,
+    /// The controller agent rejected our last 0-RTT attempt: reconnect at once,
+    /// with a full handshake.
+    zero_rtt_rejected: AtomicBool,
 }
 
 /// A running switch agent.
@@ -96,6 +102,7 @@ impl SwitchAgent {
             endpoint,
             state,
             kick: Notify::new(),
+            zero_rtt_rejected: AtomicBool::new(false),
         });
         let shutdown = Shutdown::new();
         let mut tasks = JoinSet::new();
@@ -244,9 +251,12 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
         match attempt {
             Ok(link) => {
                 backoff.reset();
-                let controller = identity::of_connection(&link.conn).unwrap_or_else(|| "?".into());
+                // A 0-RTT connection learns the server's certificate with the handshake.
+                let controller =
+                    identity::of_connection(&link.conn).unwrap_or_else(|| "(resuming)".into());
                 info!(
                     switch = %inner.identity, controller = %controller, remote = %link.conn.remote_address(),
+                    zero_rtt = link.early_start,
                     "connected to the controller agent"
                 );
                 inner.state.send_replace(LinkState::Up(link.clone()));
@@ -260,9 +270,12 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
                     switch = %inner.identity,
                     "connection to the controller agent lost ({reason}); closing OVS's connections"
                 );
-                // Reconnect at once after a connection that lived a while; a
-                // connection dropped straight after its handshake waits like a failure.
-                if started.elapsed() > Duration::from_secs(2) {
+                // Reconnect at once after a connection that lived a while, or whose
+                // 0-RTT was rejected; a connection dropped straight after its
+                // handshake waits like a failure.
+                if started.elapsed() > Duration::from_secs(2)
+                    || inner.zero_rtt_rejected.load(Ordering::Relaxed)
+                {
                     continue;
                 }
             }
@@ -281,31 +294,62 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
     }
 }
 
-/// One connection attempt: handshake, then the hello exchange that confirms the
-/// controller agent accepted us.
-async fn connect_once(inner: &Inner) -> Result<Arc<Link>, String> {
+/// One connection attempt. With a session ticket (and 0-RTT on), the connection
+/// is usable at once: the hello and OVS's first messages go in 0-RTT, and the
+/// handshake is confirmed in the background ([`confirm_early`]). Otherwise:
+/// handshake, then the hello exchange that confirms the controller agent
+/// accepted us.
+async fn connect_once(inner: &Arc<Inner>) -> Result<Arc<Link>, String> {
     let cfg = &inner.config;
     let addr = tokio::net::lookup_host(cfg.controller.as_str())
         .await
         .map_err(|e| format!("cannot resolve {}: {e}", cfg.controller))?
         .next()
         .ok_or_else(|| format!("{} resolves to no address", cfg.controller))?;
-    let connecting = inner
+    let mut connecting = inner
         .endpoint
         .connect(addr, &cfg.server_name)
         .map_err(|e| format!("cannot start a connection to {addr}: {e}"))?;
-    let attempt = async {
-        let conn = connecting
-            .await
-            .map_err(|e| format!("handshake with {addr} failed: {e}"))?;
-        let link = Link::new(
+    let new_link = |conn, confirmed| {
+        Link::new(
             conn,
             inner.identity.clone(),
             inner.services.clone(),
             cfg.common.streams,
             false,
             cfg.common.local_connect_timeout,
-        );
+            confirmed,
+        )
+    };
+    // After a rejection, one full handshake (the next attempt gets fresh tickets).
+    if cfg.common.quic.zero_rtt && !inner.zero_rtt_rejected.swap(false, Ordering::Relaxed) {
+        // Err: no ticket for this controller agent yet.
+        match connecting.into_0rtt() {
+            Ok((conn, accepted)) => {
+                let (handshake, rx) = watch::channel(Handshake::Pending);
+                let link = new_link(conn, Some(rx));
+                // Sent now, so it leads the first flight.
+                let hello = tokio::spawn({
+                    let link = link.clone();
+                    async move { link.hello_as_client().await }
+                });
+                tokio::spawn(confirm_early(
+                    inner.clone(),
+                    link.clone(),
+                    accepted,
+                    handshake,
+                    hello,
+                ));
+                return Ok(link);
+            }
+            Err(c) => connecting = c,
+        }
+    }
+    let attempt = async {
+        let conn = connecting
+            .await
+            .map_err(|e| format!("handshake with {addr} failed: {e}"))?;
+        let link = new_link(conn, None);
         match link.hello_as_client().await {
             Ok(_) => Ok(link),
             Err(e) => Err(format!("{addr} closed the connection during setup: {e}")),
@@ -315,6 +359,53 @@ async fn connect_once(inner: &Inner) -> Result<Arc<Link>, String> {
     tokio::time::timeout(limit, attempt)
         .await
         .unwrap_or_else(|_| Err(format!("no answer from {addr} within {limit:?}")))
+}
+
+/// The rest of a 0-RTT connection's setup: when the handshake completes, lets
+/// the sessions' held messages go, then checks the hello answer.
+///
+/// If the controller agent rejected 0-RTT (it no longer holds our session),
+/// nothing sent early arrived, and RFC 9001 §4.6.2 says the client "MUST reset
+/// the state of all streams, including application state bound to those
+/// streams". The connection is closed and replaced at once by one with a full
+/// handshake; the sessions opened early start again on it with what OVS had
+/// sent (`new_session`), so OVS notices nothing. (A new connection, not new
+/// streams on this one: quinn numbers the streams opened after a rejection
+/// from zero again, and handles of the rejected ones would alias them.)
+async fn confirm_early(
+    inner: Arc<Inner>,
+    link: Arc<Link>,
+    accepted: quinn::ZeroRttAccepted,
+    handshake: watch::Sender<Handshake>,
+    hello: tokio::task::JoinHandle<Result<Hello, String>>,
+) {
+    let accepted = accepted.await;
+    if link.conn.close_reason().is_some() {
+        // The handshake failed; the connection manager reports why.
+        return;
+    }
+    if !accepted {
+        info!(
+            switch = %link.switch,
+            "the controller agent rejected 0-RTT (it no longer holds our session); reconnecting with a full handshake"
+        );
+        inner.zero_rtt_rejected.store(true, Ordering::Relaxed);
+        handshake.send_replace(Handshake::ZeroRttRejected);
+        link.conn.close(
+            VarInt::from_u32(code::ZERO_RTT_REJECTED),
+            b"0-RTT rejected, reconnecting",
+        );
+        return;
+    }
+    handshake.send_replace(Handshake::Complete);
+    debug!(switch = %link.switch, "0-RTT accepted");
+    if let Err(e) = hello.await.unwrap_or_else(|e| Err(e.to_string())) {
+        warn!(switch = %link.switch, "the controller agent closed the connection during setup: {e}");
+        link.conn.close(
+            VarInt::from_u32(code::PROTOCOL_VIOLATION),
+            b"no hello answer",
+        );
+    }
 }
 
 async fn accept_local(
@@ -346,12 +437,20 @@ async fn accept_local(
 }
 
 async fn new_session(inner: Arc<Inner>, service: Arc<Service>, local: LocalStream) {
-    match link_for_session(&inner).await {
-        Some(link) => link.open_session(service, local).await,
-        None => info!(
-            switch = %inner.identity, service = %service.name,
-            "OVS connected but the controller agent is unreachable; closing OVS's connection"
-        ),
+    let (mut local, mut preread) = (local.into_split(), Bytes::new());
+    loop {
+        let Some(link) = link_for_session(&inner).await else {
+            info!(
+                switch = %inner.identity, service = %service.name,
+                "OVS connected but the controller agent is unreachable; closing OVS's connection"
+            );
+            return;
+        };
+        match link.open_session(service.clone(), local, preread).await {
+            Outcome::Done => return,
+            // The 0-RTT data was rejected: the same OVS connection, on the next link.
+            Outcome::Retry { local: l, replay } => (local, preread) = (l, replay),
+        }
     }
 }
 

@@ -173,6 +173,12 @@ pub struct CommonArgs {
     /// A unix socket for `quicsdn control` (status, rebind), mode 0600.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Turn 0-RTT resumption off. With it on (the default) a switch agent that
+    /// holds a session ticket sends its hello and OVS's replay-safe first
+    /// messages (HELLO, ECHO, FEATURES) with its first packets; everything else
+    /// waits for the handshake (docs/agents.md, "0-RTT").
+    #[arg(long)]
+    pub no_zero_rtt: bool,
 }
 
 #[derive(Args, Debug)]
@@ -208,6 +214,12 @@ pub struct ControllerArgs {
     /// UDP address to accept switch agents on. [default: 0.0.0.0:6653]
     #[arg(long, value_name = "IP:PORT")]
     pub listen: Option<SocketAddr>,
+    /// Keep TLS sessions (the switch agents' 0-RTT tickets) in this file, so they
+    /// survive a restart of this agent; each is usable once. It holds
+    /// resumption secrets: created mode 0600, protect it like the key. [default:
+    /// in memory]
+    #[arg(long, value_name = "FILE")]
+    pub session_store: Option<PathBuf>,
 }
 
 /// A configuration file: the flags' long names as keys.
@@ -228,6 +240,7 @@ pub struct FileConfig {
     pub max_message_size: Option<String>,
     pub local_connect_timeout: Option<String>,
     pub control: Option<PathBuf>,
+    pub zero_rtt: Option<bool>,
     // Switch agent only.
     pub controller: Option<String>,
     pub server_name: Option<String>,
@@ -236,6 +249,7 @@ pub struct FileConfig {
     // Controller agent only.
     pub listen: Option<SocketAddr>,
     pub relaxed_flow_mods: Option<bool>,
+    pub session_store: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -305,6 +319,7 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
                 .map_err(|e: String| anyhow!("--congestion: {e}"))?,
             None => defaults.congestion,
         },
+        zero_rtt: !args.no_zero_rtt && file.zero_rtt.take().unwrap_or(defaults.zero_rtt),
         ..defaults
     };
     let max_message = match args.max_message_size.or(file.max_message_size.take()) {
@@ -341,8 +356,11 @@ fn host_of(addr: &str) -> &str {
 
 impl SwitchArgs {
     pub fn resolve(self, mut file: FileConfig) -> Result<SwitchConfig> {
-        if file.listen.is_some() || file.relaxed_flow_mods.is_some() {
-            bail!("`listen` and `relaxed-flow-mods` are controller agent settings");
+        if file.listen.is_some() || file.relaxed_flow_mods.is_some() || file.session_store.is_some()
+        {
+            bail!(
+                "`listen`, `relaxed-flow-mods` and `session-store` are controller agent settings"
+            );
         }
         let controller = required(self.controller, file.controller.take(), "controller")?;
         if !controller.contains(':') {
@@ -388,6 +406,7 @@ impl ControllerArgs {
             listen,
             relaxed_flow_mods: self.relaxed_flow_mods
                 || file.relaxed_flow_mods.take().unwrap_or(false),
+            session_store: self.session_store.or(file.session_store.take()),
             common: common(self.common, &mut file)?,
         })
     }
@@ -454,6 +473,42 @@ mod tests {
         assert_eq!(cfg.common.tls.cert, PathBuf::from("/cli/c.crt"));
         assert_eq!(cfg.common.tls.ca, PathBuf::from("/f/ca.crt"));
         assert_eq!(cfg.common.quic.idle_timeout, Duration::from_secs(9));
+        assert!(cfg.common.quic.zero_rtt, "on by default");
+    }
+
+    #[test]
+    fn zero_rtt_and_the_session_store() {
+        let cli = parse(&[
+            "controller",
+            "--ca=/a",
+            "--cert=/b",
+            "--key=/c",
+            "--service=openflow=tcp:127.0.0.1:6653",
+            "--no-zero-rtt",
+            "--session-store=/var/lib/quicsdn/sessions",
+        ]);
+        let Command::Controller(args) = cli.command else {
+            panic!()
+        };
+        let cfg = args.resolve(FileConfig::default()).unwrap();
+        assert!(!cfg.common.quic.zero_rtt);
+        assert_eq!(
+            cfg.session_store.as_deref(),
+            Some(Path::new("/var/lib/quicsdn/sessions"))
+        );
+        let file: FileConfig = toml::from_str("zero-rtt = false\nsession-store = \"/s\"").unwrap();
+        let cli = parse(&[
+            "switch",
+            "--controller=c:1",
+            "--ca=/a",
+            "--cert=/b",
+            "--key=/c",
+        ]);
+        let Command::Switch(args) = cli.command else {
+            panic!()
+        };
+        let e = args.resolve(file).unwrap_err().to_string();
+        assert!(e.contains("controller agent settings"), "{e}");
     }
 
     #[test]

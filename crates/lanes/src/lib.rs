@@ -31,12 +31,14 @@
 //! duplicated; a service without message boundaries ([`Framing::Raw`]) always
 //! uses one lane.
 
+pub mod early;
 pub mod marker;
 pub mod rules;
 
 mod inbound;
 mod outbound;
 
+pub use early::EarlyGate;
 pub use inbound::{Inbound, InboundEvent, TruncatedLane};
 pub use outbound::{Batch, Outbound};
 pub use rules::Direction;

@@ -233,19 +233,25 @@ pub enum JsonRpc {
     Other,
 }
 
+/// The fields of a (small) JSON-RPC message the agents look at.
+#[derive(serde::Deserialize)]
+struct Peek {
+    method: Option<String>,
+    id: Option<serde_json::Value>,
+    result: Option<serde::de::IgnoredAny>,
+    error: Option<serde::de::IgnoredAny>,
+}
+
+fn peek_jsonrpc(msg: &[u8]) -> Option<Peek> {
+    if msg.len() > JSONRPC_ECHO_MAX {
+        return None;
+    }
+    serde_json::from_slice::<Peek>(msg).ok()
+}
+
 /// Classifies a (small) JSON-RPC message; anything it cannot read is `Other`.
 pub fn classify_jsonrpc(msg: &[u8]) -> JsonRpc {
-    #[derive(serde::Deserialize)]
-    struct Peek {
-        method: Option<String>,
-        id: Option<serde_json::Value>,
-        result: Option<serde::de::IgnoredAny>,
-        error: Option<serde::de::IgnoredAny>,
-    }
-    if msg.len() > JSONRPC_ECHO_MAX {
-        return JsonRpc::Other;
-    }
-    let Ok(p) = serde_json::from_slice::<Peek>(msg) else {
+    let Some(p) = peek_jsonrpc(msg) else {
         return JsonRpc::Other;
     };
     let id = match p.id {
@@ -258,6 +264,24 @@ pub fn classify_jsonrpc(msg: &[u8]) -> JsonRpc {
         None if p.result.is_some() || p.error.is_some() => JsonRpc::Reply(id),
         None => JsonRpc::Other,
     }
+}
+
+/// The OVSDB methods the agents treat specially (RFC 7047 §4.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JsonRpcMethod {
+    Echo,
+    GetSchema,
+    Other,
+}
+
+/// The method of a (small) JSON-RPC request or notification; `None` for a
+/// reply or anything unreadable.
+pub fn jsonrpc_method(msg: &[u8]) -> Option<JsonRpcMethod> {
+    Some(match peek_jsonrpc(msg)?.method?.as_str() {
+        "echo" => JsonRpcMethod::Echo,
+        "get_schema" => JsonRpcMethod::GetSchema,
+        _ => JsonRpcMethod::Other,
+    })
 }
 
 /// The rules as a markdown table (for `docs/streams.md`).

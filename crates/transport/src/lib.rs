@@ -5,7 +5,8 @@
 //!   controller (OVS's `lib/stream`).
 //! * [`tls`], [`identity`], [`pki`] — mutual TLS 1.3: loading PEM credentials,
 //!   naming peers by certificate, issuing certificates.
-//! * [`quic`] — quinn endpoints with quicsdn's transport settings.
+//! * [`quic`] — quinn endpoints with quicsdn's transport settings;
+//!   [`resumption`] — the server's TLS session store behind 0-RTT.
 //! * [`backoff`] — OVS-like reconnect backoff with jitter (pure).
 
 pub mod backoff;
@@ -13,6 +14,7 @@ pub mod identity;
 pub mod local;
 pub mod pki;
 pub mod quic;
+pub mod resumption;
 pub mod target;
 pub mod tls;
 

@@ -1,6 +1,7 @@
 //! QUIC endpoints for the agents (quinn), with the transport settings quicsdn
 //! relies on.
 
+use crate::resumption::SessionStore;
 use crate::tls::{Credentials, TlsError};
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Endpoint, EndpointConfig, IdleTimeout, TransportConfig, VarInt};
@@ -29,6 +30,10 @@ pub struct QuicOptions {
     /// on the same stream can see is about this over the path's throughput.
     pub stream_window: u32,
     pub congestion: Congestion,
+    /// 0-RTT resumption (RFC 9001 §4.6): the switch agent sends replay-safe
+    /// messages with its first flight when it holds a ticket; the controller
+    /// agent accepts them. See `quicsdn_lanes::early` for what may go early.
+    pub zero_rtt: bool,
 }
 
 /// The congestion controller (quinn's implementations).
@@ -71,6 +76,7 @@ impl Default for QuicOptions {
             // quinn's default: 100 ms at 100 Mbit/s.
             stream_window: 1_250_000,
             congestion: Congestion::default(),
+            zero_rtt: true,
         }
     }
 }
@@ -128,14 +134,29 @@ pub enum EndpointError {
     Io(#[from] io::Error),
 }
 
-/// The controller agent's endpoint: accepts connections from switch agents.
+/// Session tickets the controller agent gives each connection. Every connection
+/// attempt of a switch agent uses one, also those that never reach the
+/// controller agent during an outage; rustls' client cache keeps 8.
+pub const TICKETS_PER_CONNECTION: usize = 8;
+
+/// The controller agent's endpoint: accepts connections from switch agents,
+/// resuming their TLS sessions from `sessions`.
 pub fn server_endpoint(
     listen: SocketAddr,
     creds: &Credentials,
     opts: &QuicOptions,
+    sessions: Arc<SessionStore>,
 ) -> Result<Endpoint, EndpointError> {
-    let crypto = QuicServerConfig::try_from(creds.server_config()?)
-        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let mut tls = creds.server_config()?;
+    tls.session_storage = sessions;
+    tls.send_tls13_tickets = TICKETS_PER_CONNECTION;
+    if opts.zero_rtt {
+        // RFC 9001 §4.6.1: "the max_early_data_size parameter is repurposed to
+        // hold a sentinel value 0xffffffff to indicate that the server is willing
+        // to accept QUIC 0-RTT data".
+        tls.max_early_data_size = u32::MAX;
+    }
+    let crypto = QuicServerConfig::try_from(tls).map_err(|e| TlsError::Config(e.to_string()))?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     server.transport_config(Arc::new(transport_config(opts)?));
     let socket = udp_socket(listen)?;
@@ -152,8 +173,10 @@ pub fn client_config(
     creds: &Credentials,
     opts: &QuicOptions,
 ) -> Result<quinn::ClientConfig, TlsError> {
-    let crypto = QuicClientConfig::try_from(creds.client_config()?)
-        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let mut tls = creds.client_config()?;
+    // Tickets are kept by rustls' default in-memory cache (8 per server name).
+    tls.enable_early_data = opts.zero_rtt;
+    let crypto = QuicClientConfig::try_from(tls).map_err(|e| TlsError::Config(e.to_string()))?;
     let mut client = quinn::ClientConfig::new(Arc::new(crypto));
     client.transport_config(Arc::new(transport_config(opts)?));
     Ok(client)

@@ -58,6 +58,9 @@ pub mod code {
     pub const PROTOCOL_VIOLATION: u32 = 0x10;
     /// Connection: a newer connection from the same switch identity replaced this one.
     pub const SUPERSEDED: u32 = 0x11;
+    /// Connection: the controller agent rejected 0-RTT; the switch agent starts
+    /// afresh on a new connection.
+    pub const ZERO_RTT_REJECTED: u32 = 0x12;
 
     /// A human-readable name for logs.
     pub fn describe(code: u64) -> &'static str {
@@ -72,6 +75,7 @@ pub mod code {
             WRONG_DIRECTION => "service is opened from the other side",
             PROTOCOL_VIOLATION => "protocol violation",
             SUPERSEDED => "superseded by a newer connection",
+            ZERO_RTT_REJECTED => "0-RTT rejected, reconnecting",
             _ => "unrecognised error code",
         }
     }

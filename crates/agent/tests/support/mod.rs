@@ -61,6 +61,7 @@ pub fn controller_config(pki: &Pki, services: &[String]) -> ControllerConfig {
     ControllerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         relaxed_flow_mods: false,
+        session_store: None,
         common: common(pki.files("ctl"), services),
     }
 }

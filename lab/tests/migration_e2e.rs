@@ -20,13 +20,8 @@ const CONTROL: &str = "/run/quicsdn-lab/qsdnM-controller-agent.sock";
 
 /// The controller agent's view of the switch's address, from its control socket.
 fn switch_address() -> String {
-    use std::io::{BufRead, BufReader, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(CONTROL).unwrap();
-    writeln!(s, r#"{{"cmd":"status"}}"#).unwrap();
-    let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-    v["connections"][0]["remote"]
+    let status = control_status(std::path::Path::new(CONTROL));
+    status["connections"][0]["remote"]
         .as_str()
         .unwrap_or_default()
         .to_string()

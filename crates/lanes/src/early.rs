@@ -249,11 +249,9 @@ mod tests {
 
     #[test]
     fn the_rule_in_the_docs_is_the_one_in_the_code() {
-        let docs = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../docs/agents.md"
-        ))
-        .expect("docs/agents.md");
+        let docs =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/agents.md"))
+                .expect("docs/agents.md");
         assert!(
             docs.contains(ZERO_RTT_RULE),
             "docs/agents.md must quote the 0-RTT rule exactly as the code has it:\n{ZERO_RTT_RULE}"

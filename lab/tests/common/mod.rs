@@ -215,3 +215,14 @@ pub fn lab_dir(prefix: &str) -> PathBuf {
 pub fn exists(p: &Path) -> bool {
     p.exists()
 }
+
+/// An agent's answer to `status` on its control socket (`--control PATH`).
+pub fn control_status(socket: &Path) -> serde_json::Value {
+    use std::io::{BufRead, BufReader, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket)
+        .unwrap_or_else(|e| panic!("control socket {}: {e}", socket.display()));
+    writeln!(s, r#"{{"cmd":"status"}}"#).unwrap();
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}

@@ -61,6 +61,8 @@ enum Bench {
     /// Emulator capacity: UDP blasted both ways through an unimpaired link; prints
     /// frames/s per direction and forwarder CPU time per frame.
     Emulator(emulator::bench::BenchOpts),
+    /// Control-traffic overhead per transport, rate, loss and RTT (journal Figs. 8–9).
+    Overhead(quicsdn_lab::bench::overhead::OverheadArgs),
 }
 
 #[derive(clap::Args)]
@@ -136,6 +138,7 @@ fn run(cli: Cli) -> Result<()> {
         },
         Command::Bench(Bench::Relay(a)) => quicsdn_lab::bench::relay::run(a)?,
         Command::Bench(Bench::Emulator(o)) => emulator::bench::run(o)?,
+        Command::Bench(Bench::Overhead(a)) => quicsdn_lab::bench::overhead::run(a)?,
         Command::Emulate(a) => emulator::cli::emulate(a)?,
         Command::Demo(a) => quicsdn_lab::demo::run(a)?,
         Command::Link(a) => emulator::cli::link(a)?,

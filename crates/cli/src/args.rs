@@ -10,7 +10,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use quicsdn_agent::config::{CommonConfig, ControllerConfig, ServiceConfig, SwitchConfig};
 use quicsdn_lanes::StreamMode;
-use quicsdn_transport::quic::QuicOptions;
+use quicsdn_transport::local::Coalescing;
+use quicsdn_transport::quic::{AckFrequency, QuicOptions};
 use quicsdn_transport::tls::TlsFiles;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -133,6 +134,22 @@ pub struct CommonArgs {
     /// [default: 5s]
     #[arg(long, value_name = "DURATION")]
     pub local_connect_timeout: Option<String>,
+    /// Read coalescing: while a local peer sends densely (data less than this long
+    /// apart), hold what it sends until the next tick of this period (or 1200
+    /// bytes), so the messages of all services leave in shared, fuller QUIC packets.
+    /// Adds up to this much delay while traffic is dense; isolated messages are
+    /// never held. `0` turns it off. [default: 0]
+    #[arg(long, value_name = "DURATION")]
+    pub coalesce: Option<String>,
+    /// Ask the peer to acknowledge only every N+1 ack-eliciting packets (QUIC ACK
+    /// frequency extension; quinn on both ends). [default: off, RFC 9000's every
+    /// second packet]
+    #[arg(long, value_name = "N")]
+    pub ack_threshold: Option<u32>,
+    /// With --ack-threshold: the longest the peer may delay an ACK (clamped by quinn
+    /// to at most max(RTT, 25ms)). [default: the peer's own, 25ms]
+    #[arg(long, value_name = "DURATION")]
+    pub ack_delay: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -153,6 +170,10 @@ pub struct SwitchArgs {
     /// [default: 8s]
     #[arg(long, value_name = "DURATION")]
     pub max_backoff: Option<String>,
+    /// Use zero-length QUIC connection IDs on this side: the controller agent's
+    /// packets to this switch then carry no connection ID (8 bytes less each).
+    #[arg(long)]
+    pub zero_length_cid: bool,
 }
 
 #[derive(Args, Debug)]
@@ -178,11 +199,15 @@ pub struct FileConfig {
     pub idle_timeout: Option<String>,
     pub max_message_size: Option<String>,
     pub local_connect_timeout: Option<String>,
+    pub coalesce: Option<String>,
+    pub ack_threshold: Option<u32>,
+    pub ack_delay: Option<String>,
     // Switch agent only.
     pub controller: Option<String>,
     pub server_name: Option<String>,
     pub bind: Option<SocketAddr>,
     pub max_backoff: Option<String>,
+    pub zero_length_cid: Option<bool>,
     // Controller agent only.
     pub listen: Option<SocketAddr>,
 }
@@ -243,8 +268,34 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
             "idle-timeout",
             defaults.idle_timeout,
         )?,
+        ack_frequency: match args.ack_threshold.or(file.ack_threshold.take()) {
+            Some(threshold) => Some(AckFrequency {
+                threshold,
+                max_delay: match args.ack_delay.or(file.ack_delay.take()) {
+                    Some(d) => Some(parse_duration(&d).map_err(|e| anyhow!("--ack-delay: {e}"))?),
+                    None => None,
+                },
+            }),
+            None if args.ack_delay.is_some() || file.ack_delay.is_some() => {
+                bail!("--ack-delay needs --ack-threshold")
+            }
+            None => None,
+        },
         ..defaults
     };
+    let coalesce = duration(
+        args.coalesce,
+        file.coalesce.take(),
+        "coalesce",
+        Duration::ZERO,
+    )?;
+    if !coalesce.is_zero() {
+        // Process-wide: this process is one agent.
+        quicsdn_transport::local::set_coalescing(Coalescing {
+            window: coalesce,
+            max_bytes: 64 * 1024,
+        });
+    }
     let max_message = match args.max_message_size.or(file.max_message_size.take()) {
         Some(s) => Some(parse_size(&s).map_err(|e| anyhow!("--max-message-size: {e}"))?),
         None => None,
@@ -296,12 +347,15 @@ impl SwitchArgs {
             Duration::from_secs(8),
         )?;
         let bind = self.bind.or(file.bind.take());
+        let zero_length_cid = self.zero_length_cid || file.zero_length_cid.take().unwrap_or(false);
+        let mut common = common(self.common, &mut file)?;
+        common.quic.zero_length_cid = zero_length_cid;
         Ok(SwitchConfig {
             controller,
             server_name,
             bind,
             max_backoff,
-            common: common(self.common, &mut file)?,
+            common,
         })
     }
 }
@@ -312,9 +366,10 @@ impl ControllerArgs {
             || file.server_name.is_some()
             || file.bind.is_some()
             || file.max_backoff.is_some()
+            || file.zero_length_cid.is_some()
         {
             bail!(
-                "`controller`, `server-name`, `bind` and `max-backoff` are switch agent settings"
+                "`controller`, `server-name`, `bind`, `max-backoff` and `zero-length-cid` are switch agent settings"
             );
         }
         let listen = self

@@ -12,7 +12,7 @@
 //! |---|---|---|---|
 //! | `tcp` | `10.254.1.1:PORT` | one TCP connection per service | `0.0.0.0:PORT` |
 //! | `tls` | `10.254.1.1:PORT` | one TLS 1.3 connection per service, mutual auth (rustls, the lab's CA) | `0.0.0.0:PORT` |
-//! | `quic`, `quic-rr16` | `127.0.0.1:PORT` | the real `quicsdn switch` (`ptcp:` services) → one QUIC connection → `quicsdn controller` | `127.0.0.1:PORT` |
+//! | `quic`, `quic-rr16`, `quic-tuned` | `127.0.0.1:PORT` | the real `quicsdn switch` (`ptcp:` services) → one QUIC connection → `quicsdn controller` (`quic-tuned`: with [`TUNED_ARGS`]) | `127.0.0.1:PORT` |
 //! | `kcptun` | `127.0.0.1:PORT` | `kcptun-client` → KCP over UDP → `kcptun-server`, one tunnel per service (a kcptun server forwards to one target) | `127.0.0.1:PORT` |
 //!
 //! PORT is 6653 for OpenFlow and 6640 for OVSDB. Everything is removed on drop, by
@@ -43,15 +43,24 @@ pub enum BenchTransport {
     Quic,
     /// quicsdn with `--streams rr:16` (the paper's quicSDN-16s).
     QuicRr16,
+    /// quicsdn, `ordered`, with the overhead tuning of [`TUNED_ARGS`].
+    QuicTuned,
     Kcptun,
 }
 
+/// The agents' options of `quic-tuned`: read coalescing on a 10 ms clock,
+/// zero-length connection IDs on the switch side, and ACKs only every 17th
+/// ack-eliciting packet (or after the peer's 25 ms). See docs/benchmarks.md for
+/// what each costs.
+pub const TUNED_ARGS: [&str; 3] = ["--coalesce=10ms", "--zero-length-cid", "--ack-threshold=16"];
+
 impl BenchTransport {
-    pub const ALL: [BenchTransport; 5] = [
+    pub const ALL: [BenchTransport; 6] = [
         BenchTransport::Tcp,
         BenchTransport::Tls,
         BenchTransport::Quic,
         BenchTransport::QuicRr16,
+        BenchTransport::QuicTuned,
         BenchTransport::Kcptun,
     ];
 
@@ -61,18 +70,30 @@ impl BenchTransport {
             BenchTransport::Tls => "tls",
             BenchTransport::Quic => "quic",
             BenchTransport::QuicRr16 => "quic-rr16",
+            BenchTransport::QuicTuned => "quic-tuned",
             BenchTransport::Kcptun => "kcptun",
         }
     }
 
     pub fn is_quic(self) -> bool {
-        matches!(self, BenchTransport::Quic | BenchTransport::QuicRr16)
+        matches!(
+            self,
+            BenchTransport::Quic | BenchTransport::QuicRr16 | BenchTransport::QuicTuned
+        )
+    }
+
+    /// Agent options this transport always uses.
+    pub fn agent_args(self) -> Vec<String> {
+        match self {
+            BenchTransport::QuicTuned => TUNED_ARGS.iter().map(|s| s.to_string()).collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// The agents' `--streams` value.
     pub fn streams(self) -> Option<&'static str> {
         match self {
-            BenchTransport::Quic => Some("ordered"),
+            BenchTransport::Quic | BenchTransport::QuicTuned => Some("ordered"),
             BenchTransport::QuicRr16 => Some("rr:16"),
             _ => None,
         }
@@ -91,7 +112,9 @@ impl FromStr for BenchTransport {
         BenchTransport::ALL
             .into_iter()
             .find(|t| t.as_str() == s)
-            .ok_or_else(|| anyhow!("unknown transport {s:?} (tcp, tls, quic, quic-rr16, kcptun)"))
+            .ok_or_else(|| {
+                anyhow!("unknown transport {s:?} (tcp, tls, quic, quic-rr16, quic-tuned, kcptun)")
+            })
     }
 }
 
@@ -248,7 +271,9 @@ impl Pair {
         ls.tap_a = format!("{}-la", spec.prefix);
         ls.tap_b = format!("{}-lb", spec.prefix);
         pair.link = Some(emulator::create_link(&ls, &crate::agents::lab_binary()?)?);
-        pair.start_transport(spec)?;
+        let mut spec = spec.clone();
+        spec.agent_args.splice(0..0, spec.transport.agent_args());
+        pair.start_transport(&spec)?;
         Ok(pair)
     }
 
@@ -304,7 +329,13 @@ impl Pair {
                         svc.port()
                     ));
                 }
-                c_args.extend(spec.agent_args.iter().cloned());
+                // `--zero-length-cid` is a switch agent option.
+                c_args.extend(
+                    spec.agent_args
+                        .iter()
+                        .filter(|a| *a != "--zero-length-cid")
+                        .cloned(),
+                );
                 let mut s_args = vec![
                     "--threads=1".to_string(),
                     "switch".into(),

@@ -63,6 +63,8 @@ enum Bench {
     Emulator(emulator::bench::BenchOpts),
     /// Control-traffic overhead per transport, rate, loss and RTT (journal Figs. 8–9).
     Overhead(quicsdn_lab::bench::overhead::OverheadArgs),
+    /// Message delivery delay per transport, size pair, RTT and loss (journal Fig. 10).
+    Delay(quicsdn_lab::bench::delay::DelayArgs),
 }
 
 #[derive(clap::Args)]
@@ -139,6 +141,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(Bench::Relay(a)) => quicsdn_lab::bench::relay::run(a)?,
         Command::Bench(Bench::Emulator(o)) => emulator::bench::run(o)?,
         Command::Bench(Bench::Overhead(a)) => quicsdn_lab::bench::overhead::run(a)?,
+        Command::Bench(Bench::Delay(a)) => quicsdn_lab::bench::delay::run(a)?,
         Command::Emulate(a) => emulator::cli::emulate(a)?,
         Command::Demo(a) => quicsdn_lab::demo::run(a)?,
         Command::Link(a) => emulator::cli::link(a)?,

@@ -11,6 +11,7 @@
 //! measurement), [`out`] (CSV, markdown, plots).
 
 pub mod cell;
+pub mod delay;
 pub mod model;
 pub mod out;
 pub mod overhead;

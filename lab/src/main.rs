@@ -87,9 +87,20 @@ struct UpArgs {
     /// Rate limit, per direction (e.g. 100mbit).
     #[arg(long, value_parser = parse_rate)]
     rate: Option<u64>,
-    /// tcp, tls or quic.
+    /// tcp, tls, quic or kcptun.
     #[arg(long, default_value = "quic")]
     transport: Transport,
+    /// quic: the agents' stream mode (ordered or rr:N).
+    #[arg(long)]
+    streams: Option<String>,
+    /// quic: an extra quicsdn option for the agents (repeatable), e.g.
+    /// --agent-arg=--coalesce=10ms.
+    #[arg(long = "agent-arg", allow_hyphen_values = true)]
+    agent_args: Vec<String>,
+    /// Make each switch's OVSDB server reachable from the controller namespace over
+    /// the transport (docs/lab.md).
+    #[arg(long)]
+    ovsdb: bool,
     /// osken, ryu, faucet or none.
     #[arg(long, default_value = "osken")]
     controller: ControllerKind,
@@ -121,6 +132,9 @@ fn run(cli: Cli) -> Result<()> {
             s.transport = a.transport;
             s.controller = a.controller;
             s.openflow_port = a.openflow_port;
+            s.streams = a.streams;
+            s.agent_args = a.agent_args;
+            s.ovsdb = a.ovsdb;
             let out = topology::up(&cfg)?;
             let p = &cfg.prefix;
             match out.action {

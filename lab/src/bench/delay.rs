@@ -82,9 +82,7 @@ fn nums<T: std::str::FromStr>(s: &str) -> Result<Vec<T>>
 where
     T::Err: std::error::Error + Send + Sync + 'static,
 {
-    s.split(',')
-        .map(|x| Ok(x.trim().parse::<T>()?))
-        .collect()
+    s.split(',').map(|x| Ok(x.trim().parse::<T>()?)).collect()
 }
 
 pub fn run(args: DelayArgs) -> Result<()> {
@@ -94,16 +92,18 @@ pub fn run(args: DelayArgs) -> Result<()> {
     } else {
         "400/600,3000/600"
     }))?;
-    let rtts: Vec<u64> = nums(args.rtts.as_deref().unwrap_or(if args.quick {
-        "0"
-    } else {
-        "0,100"
-    }))?;
-    let losses: Vec<f64> = nums(args.losses.as_deref().unwrap_or(if args.quick {
-        "1"
-    } else {
-        "0,1,5"
-    }))?;
+    let rtts: Vec<u64> =
+        nums(
+            args.rtts
+                .as_deref()
+                .unwrap_or(if args.quick { "0" } else { "0,100" }),
+        )?;
+    let losses: Vec<f64> =
+        nums(
+            args.losses
+                .as_deref()
+                .unwrap_or(if args.quick { "1" } else { "0,1,5" }),
+        )?;
     let reps = args.reps.unwrap_or(if args.quick { 3 } else { 30 });
     if reps == 0 || args.pairs == 0 {
         bail!("--reps and --pairs must be positive");
@@ -234,15 +234,21 @@ fn summary(csv: &Csv, args: &DelayArgs, reps: u64, took: Duration, plots: &[Path
         .collect();
     header.extend(names.iter().map(String::as_str));
     header.push("paper's best");
-    let mut cells: Vec<(String, u64, String)> =
-        g.keys().map(|(a, b, c, _)| (a.clone(), *b, c.clone())).collect();
+    let mut cells: Vec<(String, u64, String)> = g
+        .keys()
+        .map(|(a, b, c, _)| (a.clone(), *b, c.clone()))
+        .collect();
     cells.dedup();
     let mut rows = Vec::new();
     for (sizes, rtt, loss) in &cells {
         let get = |t: &str| g.get(&(sizes.clone(), *rtt, loss.clone(), t.to_string()));
         let mean = |v: &Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
         let tcp = get("tcp").map(mean);
-        let mut row = vec![format!("⟨{}⟩", sizes.replace('/', ",")), format!("{rtt} ms"), format!("{loss} %")];
+        let mut row = vec![
+            format!("⟨{}⟩", sizes.replace('/', ",")),
+            format!("{rtt} ms"),
+            format!("{loss} %"),
+        ];
         for t in &transports {
             row.push(match get(t) {
                 Some(v) => {
@@ -289,7 +295,10 @@ mod tests {
         assert_eq!(quantile(&v, 0.5), 3.0);
         assert_eq!(quantile(&v, 0.25), 2.0);
         assert_eq!(quantile(&v, 0.9), 4.6);
-        assert_eq!(parse_sizes("400/600,3000/600").unwrap(), vec![(400, 600), (3000, 600)]);
+        assert_eq!(
+            parse_sizes("400/600,3000/600").unwrap(),
+            vec![(400, 600), (3000, 600)]
+        );
         assert!(parse_sizes("400").is_err());
     }
 }

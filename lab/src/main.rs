@@ -65,6 +65,9 @@ enum Bench {
     Overhead(quicsdn_lab::bench::overhead::OverheadArgs),
     /// Message delivery delay per transport, size pair, RTT and loss (journal Fig. 10).
     Delay(quicsdn_lab::bench::delay::DelayArgs),
+    /// Flow installation, queue configuration and statistics polling with real OVS
+    /// (preprint Table I).
+    Table1(quicsdn_lab::bench::table1::Table1Args),
 }
 
 #[derive(clap::Args)]
@@ -156,6 +159,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(Bench::Emulator(o)) => emulator::bench::run(o)?,
         Command::Bench(Bench::Overhead(a)) => quicsdn_lab::bench::overhead::run(a)?,
         Command::Bench(Bench::Delay(a)) => quicsdn_lab::bench::delay::run(a)?,
+        Command::Bench(Bench::Table1(a)) => quicsdn_lab::bench::table1::run(a)?,
         Command::Emulate(a) => emulator::cli::emulate(a)?,
         Command::Demo(a) => quicsdn_lab::demo::run(a)?,
         Command::Link(a) => emulator::cli::link(a)?,

@@ -339,7 +339,7 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
     let s = cfg.settings.clone();
     let p = cfg.prefix.as_str();
     let dir = store.lab_dir();
-    std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all(dir.join("ctl"))?;
 
     let ctl = create_ns(store, state, &ctl_netns(p))?;
 

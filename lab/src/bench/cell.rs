@@ -215,7 +215,12 @@ fn run_on(pair: &mut Pair, spec: &CellSpec) -> Result<CellResult> {
                 }
             };
             let start = start_rx.recv().map_err(|_| anyhow!("no start"))?;
-            let r = synth::run_end(svc, rd, wr, send, expect, start, stop2, done2.clone());
+            let ctl = synth::EndControl {
+                start,
+                stop: stop2,
+                done: done2.clone(),
+            };
+            let r = synth::run_end(svc, rd, wr, send, expect, ctl);
             if let Err(e) = &r {
                 let _ = done2.send(Err(format!("{e:#}")));
             }
@@ -251,7 +256,12 @@ fn run_on(pair: &mut Pair, spec: &CellSpec) -> Result<CellResult> {
                 }
             };
             let start = start_rx.recv().map_err(|_| anyhow!("no start"))?;
-            let r = synth::run_end(svc, rd, wr, send, expect, start, stop2, done2.clone());
+            let ctl = synth::EndControl {
+                start,
+                stop: stop2,
+                done: done2.clone(),
+            };
+            let r = synth::run_end(svc, rd, wr, send, expect, ctl);
             if let Err(e) = &r {
                 let _ = done2.send(Err(format!("{e:#}")));
             }

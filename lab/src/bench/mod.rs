@@ -18,3 +18,4 @@ pub mod overhead;
 pub mod pair;
 pub mod relay;
 pub mod synth;
+pub mod table1;

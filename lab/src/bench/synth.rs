@@ -164,12 +164,14 @@ pub fn decode(svc: Service, buf: &[u8]) -> Result<Option<(u64, usize, u64)>> {
 /// The read half of a connection (plain or TLS).
 pub enum Reader {
     Plain(TcpStream),
+    Unix(std::os::unix::net::UnixStream),
     Tls(TcpStream, Arc<Mutex<rustls::Connection>>),
 }
 
 /// The write half of a connection (plain or TLS).
 pub enum Writer {
     Plain(TcpStream),
+    Unix(std::os::unix::net::UnixStream),
     Tls(TcpStream, Arc<Mutex<rustls::Connection>>, Vec<u8>),
 }
 
@@ -183,6 +185,11 @@ impl Reader {
                 out.extend_from_slice(&buf[..n]);
                 Ok(n)
             }
+            Reader::Unix(s) => {
+                let n = s.read(&mut buf)?;
+                out.extend_from_slice(&buf[..n]);
+                Ok(n)
+            }
             Reader::Tls(s, conn) => loop {
                 let n = s.read(&mut buf)?;
                 if n == 0 {
@@ -190,15 +197,16 @@ impl Reader {
                 }
                 let mut c = conn.lock().expect("tls lock");
                 let mut rd = &buf[..n];
+                let before = out.len();
                 while !rd.is_empty() {
                     c.read_tls(&mut rd)?;
                     c.process_new_packets().map_err(io::Error::other)?;
-                }
-                let before = out.len();
-                match c.reader().read_to_end(out) {
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e),
+                    // Drain as we go: rustls bounds its plaintext buffer.
+                    match c.reader().read_to_end(out) {
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e),
+                    }
                 }
                 if out.len() > before {
                     return Ok(out.len() - before);
@@ -213,6 +221,7 @@ impl Writer {
     pub fn send(&mut self, msg: &[u8]) -> io::Result<()> {
         match self {
             Writer::Plain(s) => s.write_all(msg),
+            Writer::Unix(s) => s.write_all(msg),
             Writer::Tls(s, conn, out) => {
                 out.clear();
                 {
@@ -228,10 +237,14 @@ impl Writer {
     }
 
     pub fn shutdown(&mut self) {
-        let s = match self {
-            Writer::Plain(s) | Writer::Tls(s, ..) => s,
-        };
-        let _ = s.shutdown(std::net::Shutdown::Both);
+        match self {
+            Writer::Plain(s) | Writer::Tls(s, ..) => {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+            Writer::Unix(s) => {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
     }
 }
 
@@ -326,19 +339,27 @@ pub struct EndReport {
     pub received_bytes: u64,
 }
 
-/// Runs one end of one connection: sends `schedule` (starting at `start`) and
+/// When an end starts, and how it reports and stops.
+pub struct EndControl {
+    pub start: Instant,
+    /// Set once the counters are read: the end may close its connection.
+    pub stop: Arc<AtomicBool>,
+    /// Told `Ok` when everything was sent and received.
+    pub done: std::sync::mpsc::Sender<Result<(), String>>,
+}
+
+/// Runs one end of one connection: sends `schedule` (starting at `ctl.start`) and
 /// receives `expect` messages of `svc`, checking each. Returns when both are done
-/// and `stop` is set, or on error.
+/// and `ctl.stop` is set, or on error.
 pub fn run_end(
     svc: Service,
     mut rd: Reader,
     mut wr: Writer,
     schedule: Schedule,
     expect: u64,
-    start: Instant,
-    stop: Arc<AtomicBool>,
-    done: std::sync::mpsc::Sender<Result<(), String>>,
+    ctl: EndControl,
 ) -> Result<EndReport> {
+    let EndControl { start, stop, done } = ctl;
     let received = std::thread::scope(|scope| -> Result<EndReport> {
         let recv = scope.spawn(move || -> Result<(Vec<Received>, u64)> {
             let mut buf = Vec::with_capacity(1 << 20);

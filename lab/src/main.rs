@@ -52,6 +52,11 @@ enum Command {
     /// Run a benchmark (prints numbers; needs release builds for meaningful ones).
     #[command(subcommand)]
     Bench(Bench),
+    /// The quicSDN overhead model (Eqs. 1-5): Fig. 2, and validation against a file
+    /// transfer and the overhead grid.
+    Model(quicsdn_lab::bench::modelcmd::ModelArgs),
+    /// Gather the latest bench results into one markdown report.
+    Report(quicsdn_lab::bench::report::ReportArgs),
 }
 
 #[derive(Subcommand)]
@@ -162,6 +167,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(Bench::Table1(a)) => quicsdn_lab::bench::table1::run(a)?,
         Command::Emulate(a) => emulator::cli::emulate(a)?,
         Command::Demo(a) => quicsdn_lab::demo::run(a)?,
+        Command::Model(a) => quicsdn_lab::bench::modelcmd::run(a)?,
+        Command::Report(a) => quicsdn_lab::bench::report::run(a)?,
         Command::Link(a) => emulator::cli::link(a)?,
         Command::Status { json } => match topology::status(&cli.run_dir, &cli.prefix)? {
             Some(st) if json => println!("{}", serde_json::to_string_pretty(&st)?),

@@ -13,9 +13,11 @@
 pub mod cell;
 pub mod delay;
 pub mod model;
+pub mod modelcmd;
 pub mod out;
 pub mod overhead;
 pub mod pair;
 pub mod relay;
+pub mod report;
 pub mod synth;
 pub mod table1;

@@ -262,8 +262,11 @@ impl OfConn {
         }
     }
 
-    fn handshake(&mut self) -> Result<()> {
+    /// HELLO, then (once OVS reports the connection up, i.e. it has our HELLO:
+    /// under `rr:N` a request sent right behind it could overtake it) FEATURES.
+    fn handshake(&mut self, ovs: &crate::ovs::Ovs) -> Result<()> {
         self.send(&header(OFPT_HELLO, 8, 1))?;
+        ovs.wait_connected(BRIDGE, Duration::from_secs(20))?;
         let x = self.next_xid();
         self.send(&header(OFPT_FEATURES_REQUEST, 8, x))?;
         loop {
@@ -537,8 +540,26 @@ fn connect(state: &LabState) -> Result<(OfConn, DbConn)> {
             sys::enter_netns(&ctl_ns)?;
             let l = TcpListener::bind((listen_ip, port))?;
             l2.wait();
-            let s = synth::accept_one(&l, Duration::from_secs(30))?;
-            let (ofr, ofw) = synth::split(s, srv.as_ref())?;
+            // A tunnel may still deliver a connection OVS made before its controller
+            // was taken away, already closed: skip connections that end before
+            // OVS's HELLO (or whose TLS handshake fails that way).
+            let (ofr, ofw) = {
+                let mut tries = 0;
+                loop {
+                    tries += 1;
+                    let s = synth::accept_one(&l, Duration::from_secs(30))?;
+                    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+                    let alive =
+                        srv.is_some() || s.peek(&mut [0u8; 1]).map(|n| n > 0).unwrap_or(false);
+                    s.set_read_timeout(None)?;
+                    match alive.then(|| synth::split(s, srv.as_ref())) {
+                        Some(Ok(v)) => break v,
+                        Some(Err(e)) if tries >= 5 => return Err(e),
+                        None if tries >= 5 => bail!("OVS's connections kept closing"),
+                        _ => continue,
+                    }
+                }
+            };
             let (dbr, dbw) = match &db_addr {
                 OvsdbAddress::Tcp(a) => {
                     synth::split(synth::connect(*a, Duration::from_secs(20))?, None)?
@@ -565,7 +586,7 @@ fn connect(state: &LabState) -> Result<(OfConn, DbConn)> {
         .recv_timeout(Duration::from_secs(60))
         .map_err(|_| anyhow!("the benchmark controller could not connect"))??;
     let mut of = OfConn::start(ofr, ofw);
-    of.handshake()?;
+    of.handshake(&ovs)?;
     let db = DbConn::start(dbr, dbw);
     Ok((of, db))
 }

@@ -114,7 +114,7 @@ fn delay_quick_measures_every_message() {
         for r in rows {
             let size = col(&csv, r, "size");
             let seq = col(&csv, r, "seq");
-            assert_eq!(size, if seq % 2 == 0 { 400 } else { 600 });
+            assert_eq!(size, if seq.is_multiple_of(2) { 400 } else { 600 });
             assert_eq!(col(&csv, r, "rep"), seq / 10);
             let d: f64 = r[csv.col("delay_ms")].parse().unwrap();
             assert!(d > 0.0 && d < 10_000.0, "{t}: delay {d}");
@@ -198,5 +198,29 @@ fn model_validates_against_a_file_transfer_and_the_grid_then_report_gathers_all(
         "overhead model",
     ] {
         assert!(md.contains(want), "report lacks {want:?}");
+    }
+}
+
+#[test]
+fn tuning_quick_measures_each_setting() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    quicsdn_lab::bench::tuning::run(quicsdn_lab::bench::tuning::TuningArgs {
+        out: dir.path().to_path_buf(),
+        quick: true,
+        prefix: "qsdnB6".into(),
+    })
+    .expect("tuning bench (every cell checks delivery)");
+    let csv = Csv::read(
+        &dir.path().join("tuning.csv"),
+        quicsdn_lab::bench::tuning::HEADER,
+    )
+    .expect("schema");
+    assert_eq!(csv.rows.len(), 2);
+    for r in &csv.rows {
+        for i in 1..csv.header.len() {
+            let v: f64 = r[i].parse().unwrap();
+            assert!(v > 0.0, "{}: {v}", csv.header[i]);
+        }
     }
 }

@@ -21,3 +21,4 @@ pub mod relay;
 pub mod report;
 pub mod synth;
 pub mod table1;
+pub mod tuning;

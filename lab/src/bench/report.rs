@@ -18,8 +18,9 @@ pub struct ReportArgs {
     pub results: PathBuf,
 }
 
-const PARTS: [(&str, &str); 4] = [
+const PARTS: [(&str, &str); 5] = [
     ("overhead", "overhead.md"),
+    ("tuning", "tuning.md"),
     ("delay", "delay.md"),
     ("table1", "table1.md"),
     ("model", "model.md"),

@@ -33,6 +33,7 @@ fn overhead_args(out: &Path, prefix: &str) -> OverheadArgs {
         rates: None,
         losses: None,
         rtts: None,
+        long_rates: None,
         messages: None,
         agent_args: Vec::new(),
         prefix: prefix.into(),
@@ -218,9 +219,9 @@ fn tuning_quick_measures_each_setting() {
     .expect("schema");
     assert_eq!(csv.rows.len(), 2);
     for r in &csv.rows {
-        for i in 1..csv.header.len() {
-            let v: f64 = r[i].parse().unwrap();
-            assert!(v > 0.0, "{}: {v}", csv.header[i]);
+        for (h, v) in csv.header.iter().zip(r).skip(1) {
+            let v: f64 = v.parse().unwrap();
+            assert!(v > 0.0, "{h}: {v}");
         }
     }
 }

@@ -108,7 +108,7 @@ fn plan(quick: bool) -> Vec<(&'static str, u64, u64)> {
             ("flow installation", 100000, 100000),
             ("queue configuration", 100, 300),
             ("queue configuration", 10000, 10000),
-            ("queue configuration", 100000, 30000),
+            ("queue configuration", 100000, 20000),
             ("statistics polling", 100, 5),
             ("statistics polling", 10000, 5),
             ("statistics polling", 100000, 3),

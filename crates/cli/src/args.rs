@@ -392,6 +392,53 @@ mod tests {
     }
 
     #[test]
+    fn overhead_tuning_options_resolve() {
+        let base = [
+            "--controller",
+            "192.0.2.1:6653",
+            "--ca",
+            "/c",
+            "--cert",
+            "/c",
+            "--key",
+            "/k",
+            "--service",
+            "openflow=ptcp:6653",
+        ];
+        let switch = |extra: &[&str]| {
+            let mut v = vec!["switch"];
+            v.extend(base);
+            v.extend(extra);
+            let Command::Switch(args) = parse(&v).command else {
+                panic!()
+            };
+            args.resolve(FileConfig::default())
+        };
+        let d = switch(&[]).unwrap();
+        assert_eq!(d.common.quic.ack_frequency, None);
+        assert!(!d.common.quic.zero_length_cid);
+        let t = switch(&[
+            "--ack-threshold",
+            "16",
+            "--ack-delay",
+            "5ms",
+            "--zero-length-cid",
+        ])
+        .unwrap();
+        assert_eq!(
+            t.common.quic.ack_frequency,
+            Some(AckFrequency {
+                threshold: 16,
+                max_delay: Some(Duration::from_millis(5))
+            })
+        );
+        assert!(t.common.quic.zero_length_cid);
+        let e = switch(&["--ack-delay", "5ms"]).unwrap_err().to_string();
+        assert!(e.contains("--ack-threshold"), "{e}");
+        assert!(switch(&["--coalesce", "soon"]).is_err());
+    }
+
+    #[test]
     fn the_documented_switch_command_line_resolves() {
         let cli = parse(&[
             "switch",

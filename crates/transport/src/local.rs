@@ -50,6 +50,12 @@ impl LocalStream {
     /// Splits into independently owned halves. The read half coalesces as set by
     /// [`set_coalescing`].
     pub fn into_split(self) -> (LocalRead, LocalWrite) {
+        let co = COALESCING.get().copied();
+        self.into_split_with(co)
+    }
+
+    /// Splits with the given read coalescing (`None` or a zero window: none).
+    pub fn into_split_with(self, coalescing: Option<Coalescing>) -> (LocalRead, LocalWrite) {
         let (r, w) = match self {
             LocalStream::Tcp(s) => {
                 let (r, w) = s.into_split();
@@ -60,10 +66,9 @@ impl LocalStream {
                 (ReadHalf::Unix(r), LocalWrite::Unix(w))
             }
         };
-        let co = COALESCING
-            .get()
+        let co = coalescing
             .filter(|c| !c.window.is_zero())
-            .map(|c| Coalescer::new(*c));
+            .map(Coalescer::new);
         (LocalRead { inner: r, co }, w)
     }
 
@@ -424,6 +429,56 @@ mod tests {
         std::fs::write(&path, b"not a socket").unwrap();
         let e = LocalListener::bind(&target).await.unwrap_err();
         assert!(e.to_string().contains("not a socket"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn coalescing_holds_dense_data_and_never_isolated_data() {
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let mut w = b;
+        // A window far longer than the test: only the byte limit can release a held read.
+        let co = Coalescing {
+            window: Duration::from_secs(3600),
+            max_bytes: 3,
+        };
+        let (mut rd, _wr) = LocalStream::Unix(a).into_split_with(Some(co));
+        let mut buf = [0u8; 64];
+        // Isolated data is returned at once.
+        w.write_all(b"a").await.unwrap();
+        let n = rd.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"a");
+        // Data right behind it is dense: held, not returned.
+        w.write_all(b"b").await.unwrap();
+        {
+            let held = tokio::time::timeout(Duration::from_millis(50), rd.read(&mut buf)).await;
+            assert!(held.is_err(), "dense data was returned at once");
+        }
+        // The dropped read left "b" held; more data reaching the byte limit releases all.
+        w.write_all(b"cd").await.unwrap();
+        let n = rd.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"bcd");
+        // Held data comes before the end of the stream.
+        w.write_all(b"e").await.unwrap();
+        w.shutdown().await.unwrap();
+        let n = rd.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"e");
+        assert_eq!(rd.read(&mut buf).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn coalescing_releases_held_data_on_the_tick() {
+        let (a, mut w) = tokio::net::UnixStream::pair().unwrap();
+        let co = Coalescing {
+            window: Duration::from_millis(20),
+            max_bytes: 1 << 20,
+        };
+        let (mut rd, _wr) = LocalStream::Unix(a).into_split_with(Some(co));
+        let mut buf = [0u8; 64];
+        w.write_all(b"x").await.unwrap();
+        assert_eq!(rd.read(&mut buf).await.unwrap(), 1);
+        w.write_all(b"yz").await.unwrap();
+        let n = rd.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"yz");
+        assert!(next_tick(tokio::time::Instant::now(), co.window) > tokio::time::Instant::now());
     }
 
     #[tokio::test]

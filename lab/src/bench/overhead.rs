@@ -318,7 +318,7 @@ pub fn run(args: OverheadArgs) -> Result<()> {
                         link: link_settings(mean, sd, loss),
                         schedules: sched.clone(),
                         settle: Duration::from_secs_f64(0.3 + 3.0 * mean),
-                        timeout: span * 3 + Duration::from_secs_f64(60.0 + 40.0 * mean),
+                        timeout: span * 3 + Duration::from_secs_f64(120.0 + 400.0 * mean),
                         agent_args: if t.is_quic() {
                             args.agent_args.clone()
                         } else {

@@ -1004,7 +1004,8 @@ mod tests {
         assert_eq!(m.len(), 96);
         let h = openflow::Header::parse(&m).unwrap();
         assert_eq!((h.msg_type, h.length, h.xid), (OFPT_FLOW_MOD, 96, 9));
-        assert_eq!(&m[88 - 16..88 - 12], &[0, 0, 0, 16]);
+        assert_eq!(&m[72..80], &[0, 4, 0, 24, 0, 0, 0, 0], "apply-actions");
+        assert_eq!(&m[80..84], &[0, 0, 0, 16], "output action");
         assert_eq!(flow_mod_delete_all(1).len(), 56);
         assert_eq!(flow_stats_request(1).len(), 56);
         let mut body = vec![0u8; 56 * 3];

@@ -52,6 +52,11 @@ enum Command {
     /// Run a benchmark (prints numbers; needs release builds for meaningful ones).
     #[command(subcommand)]
     Bench(Bench),
+    /// The quicSDN overhead model (Eqs. 1-5): Fig. 2, and validation against a file
+    /// transfer and the overhead grid.
+    Model(quicsdn_lab::bench::modelcmd::ModelArgs),
+    /// Gather the latest bench results into one markdown report.
+    Report(quicsdn_lab::bench::report::ReportArgs),
 }
 
 #[derive(Subcommand)]
@@ -64,6 +69,16 @@ enum Bench {
     /// Emulator capacity: UDP blasted both ways through an unimpaired link; prints
     /// frames/s per direction and forwarder CPU time per frame.
     Emulator(emulator::bench::BenchOpts),
+    /// Control-traffic overhead per transport, rate, loss and RTT (journal Figs. 8–9).
+    Overhead(quicsdn_lab::bench::overhead::OverheadArgs),
+    /// Message delivery delay per transport, size pair, RTT and loss (journal Fig. 10).
+    Delay(quicsdn_lab::bench::delay::DelayArgs),
+    /// Flow installation, queue configuration and statistics polling with real OVS
+    /// (preprint Table I).
+    Table1(quicsdn_lab::bench::table1::Table1Args),
+    /// The agents' overhead settings (coalescing, ACK frequency, zero-length
+    /// connection IDs): overhead and delay of each.
+    Tuning(quicsdn_lab::bench::tuning::TuningArgs),
 }
 
 #[derive(clap::Args)]
@@ -86,9 +101,20 @@ struct UpArgs {
     /// Rate limit, per direction (e.g. 100mbit).
     #[arg(long, value_parser = parse_rate)]
     rate: Option<u64>,
-    /// tcp, tls or quic.
+    /// tcp, tls, quic or kcptun.
     #[arg(long, default_value = "quic")]
     transport: Transport,
+    /// quic: the agents' stream mode (ordered or rr:N).
+    #[arg(long)]
+    streams: Option<String>,
+    /// quic: an extra quicsdn option for the agents (repeatable), e.g.
+    /// --agent-arg=--coalesce=10ms.
+    #[arg(long = "agent-arg", allow_hyphen_values = true)]
+    agent_args: Vec<String>,
+    /// Make each switch's OVSDB server reachable from the controller namespace over
+    /// the transport (docs/lab.md).
+    #[arg(long)]
+    ovsdb: bool,
     /// osken, ryu, faucet or none.
     #[arg(long, default_value = "osken")]
     controller: ControllerKind,
@@ -120,6 +146,9 @@ fn run(cli: Cli) -> Result<()> {
             s.transport = a.transport;
             s.controller = a.controller;
             s.openflow_port = a.openflow_port;
+            s.streams = a.streams;
+            s.agent_args = a.agent_args;
+            s.ovsdb = a.ovsdb;
             let out = topology::up(&cfg)?;
             let p = &cfg.prefix;
             match out.action {
@@ -140,8 +169,14 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(Bench::Relay(a)) => quicsdn_lab::bench::relay::run(a)?,
         Command::Bench(Bench::Hol(a)) => quicsdn_lab::bench::hol::run(a)?,
         Command::Bench(Bench::Emulator(o)) => emulator::bench::run(o)?,
+        Command::Bench(Bench::Overhead(a)) => quicsdn_lab::bench::overhead::run(a)?,
+        Command::Bench(Bench::Delay(a)) => quicsdn_lab::bench::delay::run(a)?,
+        Command::Bench(Bench::Table1(a)) => quicsdn_lab::bench::table1::run(a)?,
+        Command::Bench(Bench::Tuning(a)) => quicsdn_lab::bench::tuning::run(a)?,
         Command::Emulate(a) => emulator::cli::emulate(a)?,
         Command::Demo(a) => quicsdn_lab::demo::run(a)?,
+        Command::Model(a) => quicsdn_lab::bench::modelcmd::run(a)?,
+        Command::Report(a) => quicsdn_lab::bench::report::run(a)?,
         Command::Link(a) => emulator::cli::link(a)?,
         Command::Status { json } => match topology::status(&cli.run_dir, &cli.prefix)? {
             Some(st) if json => println!("{}", serde_json::to_string_pretty(&st)?),

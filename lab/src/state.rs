@@ -41,6 +41,17 @@ pub struct LabSettings {
     pub transport: Transport,
     pub controller: ControllerKind,
     pub openflow_port: u16,
+    /// `quic`: the agents' `--streams` (`ordered`, `rr:N`); `None` = their default.
+    #[serde(default)]
+    pub streams: Option<String>,
+    /// `quic`: extra `quicsdn` options for both agents (`--zero-length-cid` goes
+    /// to the switch agents only).
+    #[serde(default)]
+    pub agent_args: Vec<String>,
+    /// Make each switch's OVSDB server reachable from the controller namespace
+    /// over the transport (see `topology::ovsdb_address`).
+    #[serde(default)]
+    pub ovsdb: bool,
 }
 
 /// A namespace the lab created (or was about to create).

@@ -50,6 +50,45 @@ use crate::transport::Transport;
 
 /// The default name prefix.
 pub const DEFAULT_PREFIX: &str = "qsdn";
+/// UDP port of the kcptun tunnel carrying OpenFlow (`kcptun` transport).
+pub const KCP_OPENFLOW_PORT: u16 = 29900;
+/// UDP port of the kcptun tunnels carrying OVSDB (`kcptun` transport, `ovsdb`).
+pub const KCP_OVSDB_PORT: u16 = 29901;
+/// OVSDB's port.
+pub const OVSDB_PORT: u16 = 6640;
+
+/// Where a program in the controller namespace reaches switch `i`'s OVSDB server
+/// (labs brought up with `ovsdb`): over `tcp` and `tls` directly (OVS listens with
+/// `ptcp:`/`pssl:` on its control-link address), over `quic` through the
+/// controller agent's per-switch socket, over `kcptun` through a tunnel whose
+/// client listens on the controller namespace's loopback, port 16640 + i.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OvsdbAddress {
+    Tcp(std::net::SocketAddr),
+    /// The same, with TLS (mutual authentication with the lab's certificates).
+    Tls(std::net::SocketAddr),
+    Unix(PathBuf),
+}
+
+pub fn ovsdb_address(state: &LabState, i: u32) -> Result<OvsdbAddress> {
+    if !state.settings.ovsdb {
+        bail!("lab {} was brought up without --ovsdb", state.prefix);
+    }
+    let sw = Ipv4Addr::new(10, 254, i as u8, 2);
+    Ok(match state.settings.transport {
+        Transport::Tcp => OvsdbAddress::Tcp((sw, OVSDB_PORT).into()),
+        Transport::Tls => OvsdbAddress::Tls((sw, OVSDB_PORT).into()),
+        Transport::Quic => {
+            OvsdbAddress::Unix(controller_ovsdb_socket(&state.dir, &format!("sw{i}")))
+        }
+        Transport::Kcptun => OvsdbAddress::Tcp((Ipv4Addr::LOCALHOST, 16640 + i as u16).into()),
+    })
+}
+
+/// The controller agent's per-switch OVSDB socket (`quic` labs with `ovsdb`).
+fn controller_ovsdb_socket(lab_dir: &Path, switch: &str) -> PathBuf {
+    lab_dir.join("ctl").join(switch).join("ovsdb.sock")
+}
 /// The bridge in every switch.
 pub const BRIDGE: &str = "br0";
 /// OpenFlow port of the data link towards the previous switch.
@@ -126,6 +165,9 @@ impl LabConfig {
                 transport: Transport::Quic,
                 controller: ControllerKind::Osken,
                 openflow_port: 6653,
+                streams: None,
+                agent_args: Vec::new(),
+                ovsdb: false,
             },
             keep_on_error: false,
             controller_timeout: Duration::from_secs(60),
@@ -148,6 +190,12 @@ impl LabConfig {
         }
         if s.openflow_port == 0 {
             bail!("the OpenFlow port must not be 0");
+        }
+        if s.transport != Transport::Quic && (s.streams.is_some() || !s.agent_args.is_empty()) {
+            bail!("--streams and --agent-arg are settings of the quic transport");
+        }
+        if s.transport == Transport::Kcptun && s.openflow_port == KCP_OPENFLOW_PORT {
+            bail!("the OpenFlow port must not be kcptun's UDP port {KCP_OPENFLOW_PORT}");
         }
         s.transport.check_available()?;
         if s.transport == Transport::Tls && !s.controller.supports_tls() {
@@ -291,7 +339,7 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
     let s = cfg.settings.clone();
     let p = cfg.prefix.as_str();
     let dir = store.lab_dir();
-    std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all(dir.join("ctl"))?;
 
     let ctl = create_ns(store, state, &ctl_netns(p))?;
 
@@ -390,6 +438,8 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
     // Controller. With `quic` it listens on its namespace's loopback only, so
     // the switches can reach it through the controller agent and nothing else.
     let quic = s.transport == Transport::Quic;
+    // Tunnels (quic, kcptun) reach the controller on its namespace's loopback only.
+    let tunnelled = matches!(s.transport, Transport::Quic | Transport::Kcptun);
     if s.controller != ControllerKind::None {
         let tls = match pki.as_ref().filter(|_| !quic) {
             Some(pki) => {
@@ -404,7 +454,7 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
         };
         let spec = ControllerSpec {
             kind: s.controller,
-            listen_host: if quic { "127.0.0.1" } else { "0.0.0.0" }.into(),
+            listen_host: if tunnelled { "127.0.0.1" } else { "0.0.0.0" }.into(),
             port: s.openflow_port,
             tls,
             work_dir: dir.join("ctl"),
@@ -429,13 +479,36 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
             cert: pair.cert,
             key: pair.key,
         };
+        let mut services = vec![format!("openflow=tcp:127.0.0.1:{}", s.openflow_port)];
+        if s.ovsdb {
+            services.push(format!(
+                "ovsdb=punix:{}",
+                controller_ovsdb_socket(&dir, "{switch}").display()
+            ));
+        }
         let proc = start_controller_agent(
             &ctl,
             &format!("0.0.0.0:{QUIC_PORT}"),
             &tls,
-            &[format!("openflow=tcp:127.0.0.1:{}", s.openflow_port)],
-            &[],
+            &services,
+            &agent_args(&s, false),
             &dir.join("ctl").join("quicsdn-controller.log"),
+        )?;
+        state.agents.push(proc);
+        store.save(state)?;
+    }
+
+    if s.transport == Transport::Kcptun {
+        let (_, server) = crate::bench::pair::kcptun_binaries()?;
+        let mut c = ctl.command(&server);
+        c.args(kcptun_args(&[
+            format!("--listen=:{KCP_OPENFLOW_PORT}"),
+            format!("--target=127.0.0.1:{}", s.openflow_port),
+        ]));
+        let proc = crate::process::spawn_service(
+            "kcptun-server (openflow)",
+            &mut c,
+            &dir.join("ctl").join("kcptun-server-openflow.log"),
         )?;
         state.agents.push(proc);
         store.save(state)?;
@@ -454,13 +527,17 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
                     key: pair.key,
                 };
                 let socket = openflow_socket(&ovs.dir);
+                let mut services = vec![format!("openflow=punix:{}", socket.display())];
+                if s.ovsdb {
+                    services.push(format!("ovsdb=tcp:127.0.0.1:{OVSDB_PORT}"));
+                }
                 let proc = start_switch_agent(
                     &Netns::named(&ovs.netns),
                     &format!("{ctl_addr}:{QUIC_PORT}"),
                     "controller-agent",
                     &tls,
-                    &[format!("openflow=punix:{}", socket.display())],
-                    &[],
+                    &services,
+                    &agent_args(&s, true),
                     &ovs.dir.join("quicsdn-switch.log"),
                 )?;
                 state.agents.push(proc);
@@ -471,6 +548,21 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
                 ovs.set_ssl(&pair.key, &pair.cert, &pki.ca_cert())?;
             }
             None => {}
+        }
+        if s.transport == Transport::Kcptun {
+            start_kcptun_switch(store, state, &ovs, i, ctl_addr, s.ovsdb)?;
+        }
+        if s.ovsdb {
+            let manager = match s.transport {
+                Transport::Tcp => {
+                    format!("ptcp:{OVSDB_PORT}:{}", Ipv4Addr::new(10, 254, i as u8, 2))
+                }
+                Transport::Tls => {
+                    format!("pssl:{OVSDB_PORT}:{}", Ipv4Addr::new(10, 254, i as u8, 2))
+                }
+                Transport::Quic | Transport::Kcptun => format!("ptcp:{OVSDB_PORT}:127.0.0.1"),
+            };
+            ovs.vsctl(&["set-manager", &manager])?;
         }
         let target = s.transport.ovs_target(ctl_addr, s.openflow_port, &ovs.dir);
         ovs.set_controller(BRIDGE, std::slice::from_ref(&target))?;
@@ -494,6 +586,104 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
         }
     }
     Ok(())
+}
+
+/// The agents' extra options: `--streams`, then the lab's agent arguments
+/// (`--zero-length-cid` only for switch agents).
+fn agent_args(s: &LabSettings, switch: bool) -> Vec<String> {
+    let mut v: Vec<String> = s.streams.iter().map(|m| format!("--streams={m}")).collect();
+    v.extend(
+        s.agent_args
+            .iter()
+            .filter(|a| switch || *a != "--zero-length-cid")
+            .cloned(),
+    );
+    v
+}
+
+/// kcptun's options: the lab's fixed key, no compression, quiet; its other defaults.
+fn kcptun_args(extra: &[String]) -> Vec<String> {
+    let mut v = vec![
+        "--key=quicsdn-lab".to_string(),
+        "--nocomp".into(),
+        "--quiet".into(),
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
+/// Starts switch `i`'s kcptun processes: the OpenFlow tunnel's client in the
+/// switch namespace (where OVS connects, `127.0.0.1:PORT`) and, with `ovsdb`, an
+/// OVSDB tunnel (server in the switch namespace, client on the controller
+/// namespace's loopback, port 16640 + i). Waits until they listen.
+fn start_kcptun_switch(
+    store: &StateStore,
+    state: &mut LabState,
+    ovs: &Ovs,
+    i: u32,
+    ctl_addr: Ipv4Addr,
+    ovsdb: bool,
+) -> Result<()> {
+    let (client, server) = crate::bench::pair::kcptun_binaries()?;
+    let sw = Netns::named(&ovs.netns);
+    let ctl = Netns::named(&state.ctl_netns);
+    let port = state.settings.openflow_port;
+    let mut c = sw.command(&client);
+    c.args(kcptun_args(&[
+        format!("--localaddr=127.0.0.1:{port}"),
+        format!("--remoteaddr={ctl_addr}:{KCP_OPENFLOW_PORT}"),
+    ]));
+    let p = crate::process::spawn_service(
+        &format!("kcptun-client (openflow) in {}", sw.name),
+        &mut c,
+        &ovs.dir.join("kcptun-client-openflow.log"),
+    )?;
+    state.agents.push(p);
+    store.save(state)?;
+    if ovsdb {
+        let mut c = sw.command(&server);
+        c.args(kcptun_args(&[
+            format!("--listen=:{KCP_OVSDB_PORT}"),
+            format!("--target=127.0.0.1:{OVSDB_PORT}"),
+        ]));
+        let p = crate::process::spawn_service(
+            &format!("kcptun-server (ovsdb) in {}", sw.name),
+            &mut c,
+            &ovs.dir.join("kcptun-server-ovsdb.log"),
+        )?;
+        state.agents.push(p);
+        store.save(state)?;
+        let mut c = ctl.command(&client);
+        c.args(kcptun_args(&[
+            format!("--localaddr=127.0.0.1:{}", 16640 + i),
+            format!(
+                "--remoteaddr={}:{KCP_OVSDB_PORT}",
+                Ipv4Addr::new(10, 254, i as u8, 2)
+            ),
+        ]));
+        let p = crate::process::spawn_service(
+            &format!("kcptun-client (ovsdb) for sw{i}"),
+            &mut c,
+            &state
+                .dir
+                .join("ctl")
+                .join(format!("kcptun-client-ovsdb-sw{i}.log")),
+        )?;
+        state.agents.push(p);
+        store.save(state)?;
+    }
+    crate::wait::poll_until(
+        &format!("kcptun of sw{i} to listen"),
+        Duration::from_secs(10),
+        || {
+            if let Some(a) = state.agents.iter().find(|a| !a.is_alive()) {
+                bail!("{} exited", a.name);
+            }
+            let of = sw.tcp_listening(port)?;
+            let db = !ovsdb || ctl.tcp_listening(16640 + i as u16)?;
+            Ok((of && db).then_some(()))
+        },
+    )
 }
 
 fn switch_ovs(state: &LabState, i: u32) -> Result<Ovs> {

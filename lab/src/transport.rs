@@ -8,6 +8,11 @@
 //!   agent beside each OVS, reached by a unix socket in OVS's run directory,
 //!   and one controller agent beside the controller, which then listens only on
 //!   its namespace's loopback. Mutual TLS with the lab's certificates.
+//! * `kcptun`: through kcptun (Debian package `kcptun`), a generic TCP tunnel over
+//!   KCP (reliable UDP): a `kcptun-client` beside each OVS listening on the switch
+//!   namespace's loopback, one `kcptun-server` beside the controller. Its defaults
+//!   (AES, FEC 10+3, mode `fast`), without compression. No authentication beyond a
+//!   pre-shared key: the tool a user might pick instead of quicsdn.
 
 use std::fmt;
 use std::net::Ipv4Addr;
@@ -23,6 +28,7 @@ pub enum Transport {
     Tcp,
     Tls,
     Quic,
+    Kcptun,
 }
 
 impl Transport {
@@ -31,6 +37,7 @@ impl Transport {
             Transport::Tcp => "tcp",
             Transport::Tls => "tls",
             Transport::Quic => "quic",
+            Transport::Kcptun => "kcptun",
         }
     }
 
@@ -40,6 +47,7 @@ impl Transport {
         match self {
             Transport::Tcp | Transport::Tls => Ok(()),
             Transport::Quic => crate::agents::quicsdn_binary().map(|_| ()),
+            Transport::Kcptun => crate::bench::pair::kcptun_binaries().map(|_| ()),
         }
     }
 
@@ -57,6 +65,7 @@ impl Transport {
             Transport::Quic => {
                 format!("unix:{}", crate::agents::openflow_socket(ovs_dir).display())
             }
+            Transport::Kcptun => format!("tcp:127.0.0.1:{port}"),
         }
     }
 }
@@ -74,7 +83,8 @@ impl FromStr for Transport {
             "tcp" => Ok(Transport::Tcp),
             "tls" => Ok(Transport::Tls),
             "quic" => Ok(Transport::Quic),
-            _ => bail!("unknown transport {s:?} (tcp, tls or quic)"),
+            "kcptun" => Ok(Transport::Kcptun),
+            _ => bail!("unknown transport {s:?} (tcp, tls, quic or kcptun)"),
         }
     }
 }
@@ -99,7 +109,12 @@ mod tests {
             Transport::Quic.ovs_target(ip, 6653, dir),
             "unix:/run/quicsdn-lab/qsdn/sw1/quicsdn-openflow.sock"
         );
+        assert_eq!(
+            Transport::Kcptun.ovs_target(ip, 6653, dir),
+            "tcp:127.0.0.1:6653"
+        );
         assert_eq!("tls".parse::<Transport>().unwrap(), Transport::Tls);
+        assert_eq!("kcptun".parse::<Transport>().unwrap(), Transport::Kcptun);
         assert!("udp".parse::<Transport>().is_err());
     }
 }

@@ -71,6 +71,7 @@ fn three_switch_ping(prefix: &str, transport: Transport) -> LabState {
         Transport::Tcp => "tcp:",
         Transport::Tls => "ssl:",
         Transport::Quic => "unix:",
+        Transport::Kcptun => "tcp:",
     };
     for sw in &state.switches {
         let ovs = sw.ovs.as_ref().expect("OVS recorded");

@@ -10,7 +10,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use quicsdn_agent::config::{CommonConfig, ControllerConfig, ServiceConfig, SwitchConfig};
 use quicsdn_lanes::StreamMode;
-use quicsdn_transport::quic::QuicOptions;
+use quicsdn_transport::local::Coalescing;
+use quicsdn_transport::quic::{AckFrequency, QuicOptions};
 use quicsdn_transport::tls::TlsFiles;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -179,6 +180,22 @@ pub struct CommonArgs {
     /// waits for the handshake (docs/agents.md, "0-RTT").
     #[arg(long)]
     pub no_zero_rtt: bool,
+    /// Read coalescing: while a local peer sends densely (data less than this long
+    /// apart), hold what it sends until the next tick of this period (or 1200
+    /// bytes), so the messages of all services leave in shared, fuller QUIC packets.
+    /// Adds up to this much delay while traffic is dense; isolated messages are
+    /// never held. `0` turns it off. [default: 0]
+    #[arg(long, value_name = "DURATION")]
+    pub coalesce: Option<String>,
+    /// Ask the peer to acknowledge only every N+1 ack-eliciting packets (QUIC ACK
+    /// frequency extension; quinn on both ends). [default: off, RFC 9000's every
+    /// second packet]
+    #[arg(long, value_name = "N")]
+    pub ack_threshold: Option<u32>,
+    /// With --ack-threshold: the longest the peer may delay an ACK (clamped by quinn
+    /// to at most max(RTT, 25ms)). [default: the peer's own, 25ms]
+    #[arg(long, value_name = "DURATION")]
+    pub ack_delay: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -199,6 +216,10 @@ pub struct SwitchArgs {
     /// [default: 8s]
     #[arg(long, value_name = "DURATION")]
     pub max_backoff: Option<String>,
+    /// Use zero-length QUIC connection IDs on this side: the controller agent's
+    /// packets to this switch then carry no connection ID (8 bytes less each).
+    #[arg(long)]
+    pub zero_length_cid: bool,
 }
 
 #[derive(Args, Debug)]
@@ -241,11 +262,15 @@ pub struct FileConfig {
     pub local_connect_timeout: Option<String>,
     pub control: Option<PathBuf>,
     pub zero_rtt: Option<bool>,
+    pub coalesce: Option<String>,
+    pub ack_threshold: Option<u32>,
+    pub ack_delay: Option<String>,
     // Switch agent only.
     pub controller: Option<String>,
     pub server_name: Option<String>,
     pub bind: Option<SocketAddr>,
     pub max_backoff: Option<String>,
+    pub zero_length_cid: Option<bool>,
     // Controller agent only.
     pub listen: Option<SocketAddr>,
     pub relaxed_flow_mods: Option<bool>,
@@ -320,8 +345,34 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
             None => defaults.congestion,
         },
         zero_rtt: !args.no_zero_rtt && file.zero_rtt.take().unwrap_or(defaults.zero_rtt),
+        ack_frequency: match args.ack_threshold.or(file.ack_threshold.take()) {
+            Some(threshold) => Some(AckFrequency {
+                threshold,
+                max_delay: match args.ack_delay.or(file.ack_delay.take()) {
+                    Some(d) => Some(parse_duration(&d).map_err(|e| anyhow!("--ack-delay: {e}"))?),
+                    None => None,
+                },
+            }),
+            None if args.ack_delay.is_some() || file.ack_delay.is_some() => {
+                bail!("--ack-delay needs --ack-threshold")
+            }
+            None => None,
+        },
         ..defaults
     };
+    let coalesce = duration(
+        args.coalesce,
+        file.coalesce.take(),
+        "coalesce",
+        Duration::ZERO,
+    )?;
+    if !coalesce.is_zero() {
+        // Process-wide: this process is one agent.
+        quicsdn_transport::local::set_coalescing(Coalescing {
+            window: coalesce,
+            max_bytes: 64 * 1024,
+        });
+    }
     let max_message = match args.max_message_size.or(file.max_message_size.take()) {
         Some(s) => Some(parse_size(&s).map_err(|e| anyhow!("--max-message-size: {e}"))?),
         None => None,
@@ -377,12 +428,15 @@ impl SwitchArgs {
             Duration::from_secs(8),
         )?;
         let bind = self.bind.or(file.bind.take());
+        let zero_length_cid = self.zero_length_cid || file.zero_length_cid.take().unwrap_or(false);
+        let mut common = common(self.common, &mut file)?;
+        common.quic.zero_length_cid = zero_length_cid;
         Ok(SwitchConfig {
             controller,
             server_name,
             bind,
             max_backoff,
-            common: common(self.common, &mut file)?,
+            common,
         })
     }
 }
@@ -393,9 +447,10 @@ impl ControllerArgs {
             || file.server_name.is_some()
             || file.bind.is_some()
             || file.max_backoff.is_some()
+            || file.zero_length_cid.is_some()
         {
             bail!(
-                "`controller`, `server-name`, `bind` and `max-backoff` are switch agent settings"
+                "`controller`, `server-name`, `bind`, `max-backoff` and `zero-length-cid` are switch agent settings"
             );
         }
         let listen = self
@@ -418,6 +473,53 @@ mod tests {
 
     fn parse(args: &[&str]) -> Cli {
         Cli::try_parse_from(std::iter::once("quicsdn").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn overhead_tuning_options_resolve() {
+        let base = [
+            "--controller",
+            "192.0.2.1:6653",
+            "--ca",
+            "/c",
+            "--cert",
+            "/c",
+            "--key",
+            "/k",
+            "--service",
+            "openflow=ptcp:6653",
+        ];
+        let switch = |extra: &[&str]| {
+            let mut v = vec!["switch"];
+            v.extend(base);
+            v.extend(extra);
+            let Command::Switch(args) = parse(&v).command else {
+                panic!()
+            };
+            args.resolve(FileConfig::default())
+        };
+        let d = switch(&[]).unwrap();
+        assert_eq!(d.common.quic.ack_frequency, None);
+        assert!(!d.common.quic.zero_length_cid);
+        let t = switch(&[
+            "--ack-threshold",
+            "16",
+            "--ack-delay",
+            "5ms",
+            "--zero-length-cid",
+        ])
+        .unwrap();
+        assert_eq!(
+            t.common.quic.ack_frequency,
+            Some(AckFrequency {
+                threshold: 16,
+                max_delay: Some(Duration::from_millis(5))
+            })
+        );
+        assert!(t.common.quic.zero_length_cid);
+        let e = switch(&["--ack-delay", "5ms"]).unwrap_err().to_string();
+        assert!(e.contains("--ack-threshold"), "{e}");
+        assert!(switch(&["--coalesce", "soon"]).is_err());
     }
 
     #[test]

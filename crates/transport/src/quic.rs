@@ -34,6 +34,17 @@ pub struct QuicOptions {
     /// messages with its first flight when it holds a ticket; the controller
     /// agent accepts them. See `quicsdn_lanes::early` for what may go early.
     pub zero_rtt: bool,
+    /// Ask the peer to acknowledge less often (the QUIC ACK frequency extension,
+    /// draft-ietf-quic-ack-frequency, which quinn implements on both ends); `None`
+    /// keeps RFC 9000's behaviour (an ACK every second ack-eliciting packet, or after
+    /// `max_ack_delay`, 25 ms). Fewer ACK-only packets, at the price of slower loss
+    /// detection when the peer sends little.
+    pub ack_frequency: Option<AckFrequency>,
+    /// Switch side only: use zero-length connection IDs for this endpoint, so the
+    /// controller agent's packets to the switch carry no destination connection ID
+    /// (8 bytes less per packet). The switch agent has one connection, so it needs
+    /// no connection ID to find it; its address and port identify it.
+    pub zero_length_cid: bool,
 }
 
 /// The congestion controller (quinn's implementations).
@@ -67,6 +78,16 @@ impl std::str::FromStr for Congestion {
     }
 }
 
+/// See [`QuicOptions::ack_frequency`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckFrequency {
+    /// Ack-eliciting packets the peer may receive before it must acknowledge.
+    pub threshold: u32,
+    /// The longest the peer may delay an acknowledgement (quinn clamps it to at
+    /// most the greater of the RTT and 25 ms); `None`: the peer's own.
+    pub max_delay: Option<Duration>,
+}
+
 impl Default for QuicOptions {
     fn default() -> Self {
         QuicOptions {
@@ -77,6 +98,8 @@ impl Default for QuicOptions {
             stream_window: 1_250_000,
             congestion: Congestion::default(),
             zero_rtt: true,
+            ack_frequency: None,
+            zero_length_cid: false,
         }
     }
 }
@@ -101,6 +124,12 @@ fn transport_config(opts: &QuicOptions) -> Result<TransportConfig, TlsError> {
             IdleTimeout::try_from(opts.idle_timeout)
                 .map_err(|e| TlsError::Config(format!("idle timeout: {e}")))?,
         ));
+    if let Some(af) = opts.ack_frequency {
+        let mut cfg = quinn::AckFrequencyConfig::default();
+        cfg.ack_eliciting_threshold(VarInt::from_u32(af.threshold))
+            .max_ack_delay(af.max_delay);
+        t.ack_frequency_config(Some(cfg));
+    }
     Ok(t)
 }
 
@@ -182,6 +211,24 @@ pub fn client_config(
     Ok(client)
 }
 
+/// Zero-length connection IDs (RFC 9000 §5.1): for an endpoint with a single
+/// connection, which its address identifies.
+struct ZeroLengthCid;
+
+impl quinn::ConnectionIdGenerator for ZeroLengthCid {
+    fn generate_cid(&mut self) -> quinn::ConnectionId {
+        quinn::ConnectionId::new(&[])
+    }
+
+    fn cid_len(&self) -> usize {
+        0
+    }
+
+    fn cid_lifetime(&self) -> Option<Duration> {
+        None
+    }
+}
+
 /// The switch agent's endpoint, bound to `bind` (port 0 picks one).
 pub fn client_endpoint(
     bind: SocketAddr,
@@ -189,7 +236,11 @@ pub fn client_endpoint(
     opts: &QuicOptions,
 ) -> Result<Endpoint, EndpointError> {
     let socket = udp_socket(bind)?;
-    let mut endpoint = Endpoint::new(EndpointConfig::default(), None, socket, runtime()?)?;
+    let mut config = EndpointConfig::default();
+    if opts.zero_length_cid {
+        config.cid_generator(|| Box::new(ZeroLengthCid));
+    }
+    let mut endpoint = Endpoint::new(config, None, socket, runtime()?)?;
     endpoint.set_default_client_config(client_config(creds, opts)?);
     Ok(endpoint)
 }

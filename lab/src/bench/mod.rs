@@ -1,4 +1,26 @@
-//! Benchmarks: commands that measure and print numbers (never tests).
+//! Benchmark commands: `quicsdn-lab bench NAME`. They print numbers and write
+//! results; tests check delivery and schemas, never speed.
+//!
+//! * [`relay`]: the agents against direct TCP on loopback.
+//! * [`overhead`], [`delay`], [`table1`]: the quicSDN papers' evaluation over an
+//!   emulated control link, comparing tcp, tls, quic, quic rr:16 and kcptun;
+//!   [`model`] is the papers' analytical model; [`report`] gathers results.
+//! * [`hol`]: head-of-line blocking with real OVS (tcp, quic ordered, quic safe).
+//!
+//! Shared pieces: [`pair`] (two namespaces, one emulated link, one transport),
+//! [`synth`] (the synthetic switch and controller programs), [`cell`] (one
+//! measurement), [`out`] (CSV, markdown, plots).
 
+pub mod cell;
+pub mod delay;
 pub mod hol;
+pub mod model;
+pub mod modelcmd;
+pub mod out;
+pub mod overhead;
+pub mod pair;
 pub mod relay;
+pub mod report;
+pub mod synth;
+pub mod table1;
+pub mod tuning;

@@ -100,7 +100,78 @@ fn be16(b: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
 }
 
+/// A UDP datagram with at most this many payload bytes counts as ACK-only (see
+/// [`Classifier::is_ack_only`]).
+pub const UDP_ACK_ONLY_MAX_PAYLOAD: usize = 64;
+
 impl Classifier {
+    /// Whether a frame carries only transport control, no application data.
+    ///
+    /// * TCP: no payload, ACK set, none of SYN, FIN, RST (a pure ACK, window update or
+    ///   duplicate ACK). Exact.
+    /// * UDP: **a size heuristic**, since QUIC and kcptun encrypt everything after the
+    ///   header. A datagram with at most [`UDP_ACK_ONLY_MAX_PAYLOAD`] payload bytes
+    ///   counts, except QUIC long-header packets (handshake) on the QUIC port. A QUIC
+    ///   1-RTT packet with an ACK frame is about 1 + 8 (connection ID) + 1–4 (packet
+    ///   number) + 5–20 (ACK) + 16 (AEAD tag) = 31–49 bytes; one carrying a STREAM
+    ///   frame with a message of 100 bytes or more is over 120. The same packets also
+    ///   count when they carry PING or flow-control credit instead: control only, no
+    ///   data. Only valid for workloads whose messages are all larger than the
+    ///   threshold (the benches' are ≥ 100 bytes).
+    pub fn is_ack_only(&self, f: &[u8]) -> bool {
+        self.try_is_ack_only(f).unwrap_or(false)
+    }
+
+    fn try_is_ack_only(&self, f: &[u8]) -> Option<bool> {
+        let mut off = 12;
+        let mut ethertype = be16(f, off)?;
+        off += 2;
+        if ethertype == ETH_P_8021Q {
+            ethertype = be16(f, off + 2)?;
+            off += 4;
+        }
+        let (proto, seg) = match ethertype {
+            ETH_P_IPV4 => {
+                let ip = f.get(off..)?;
+                let ihl = ((*ip.first()? & 0x0f) as usize) * 4;
+                let total = be16(ip, 2)? as usize;
+                if ihl < 20 || total < ihl || total > ip.len() || be16(ip, 6)? & 0x1fff != 0 {
+                    return None;
+                }
+                (*ip.get(9)?, &ip[ihl..total])
+            }
+            ETH_P_IPV6 => {
+                let ip = f.get(off..)?;
+                let plen = be16(ip, 4)? as usize;
+                (*ip.get(6)?, ip.get(40..40 + plen)?)
+            }
+            _ => return Some(false),
+        };
+        match proto {
+            IPPROTO_TCP => {
+                let doff = ((*seg.get(12)? >> 4) as usize) * 4;
+                let flags = *seg.get(13)?;
+                const FIN: u8 = 0x01;
+                const SYN: u8 = 0x02;
+                const RST: u8 = 0x04;
+                const ACK: u8 = 0x10;
+                Some(
+                    doff >= 20
+                        && seg.len() == doff
+                        && flags & ACK != 0
+                        && flags & (FIN | SYN | RST) == 0,
+                )
+            }
+            IPPROTO_UDP => {
+                let payload = seg.get(8..)?;
+                let quic = be16(seg, 0)? == self.quic_port || be16(seg, 2)? == self.quic_port;
+                let long_header = payload.first().is_some_and(|b| b & 0x80 != 0);
+                Some(payload.len() <= UDP_ACK_ONLY_MAX_PAYLOAD && !(quic && long_header))
+            }
+            _ => Some(false),
+        }
+    }
+
     pub fn classify(&self, frame: &[u8]) -> FrameClass {
         self.try_classify(frame).unwrap_or(FrameClass {
             class: Class::Other,
@@ -366,6 +437,36 @@ mod tests {
                 payload: 0
             }
         );
+    }
+
+    #[test]
+    fn ack_only_tcp_is_exact_and_udp_is_by_size() {
+        let cl = Classifier::default();
+        let bare = |flags: u8, payload: usize| {
+            let mut t = tcp(40000, 6653, payload);
+            t[13] = flags;
+            eth(0x0800, &ipv4(6, &t))
+        };
+        assert!(cl.is_ack_only(&bare(0x10, 0)), "pure ACK");
+        assert!(!cl.is_ack_only(&bare(0x18, 1)), "ACK with data");
+        assert!(!cl.is_ack_only(&bare(0x12, 0)), "SYN-ACK");
+        assert!(!cl.is_ack_only(&bare(0x11, 0)), "FIN");
+        assert!(!cl.is_ack_only(&bare(0x14, 0)), "RST");
+        // QUIC short header (0x40..): small = control only, large = data.
+        let mut f = udp_frame(50000, 6653, 40);
+        let at = f.len() - 40;
+        f[at] = 0x41;
+        assert!(cl.is_ack_only(&f));
+        f[at] = 0xc3; // long header: handshake, never ACK-only
+        assert!(!cl.is_ack_only(&f));
+        let mut f = udp_frame(50000, 6653, UDP_ACK_ONLY_MAX_PAYLOAD + 1);
+        let at = f.len() - UDP_ACK_ONLY_MAX_PAYLOAD - 1;
+        f[at] = 0x41;
+        assert!(!cl.is_ack_only(&f));
+        // Other UDP (kcptun): size only.
+        assert!(cl.is_ack_only(&udp_frame(50000, 29900, 52)));
+        assert!(!cl.is_ack_only(&udp_frame(50000, 29900, 300)));
+        assert!(!cl.is_ack_only(&eth(0x0806, &[0; 28])));
     }
 
     #[test]

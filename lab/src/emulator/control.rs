@@ -178,6 +178,7 @@ impl Accounting {
             bytes: t.bytes,
             wire_bytes: t.bytes + pad + t.frames * self.phy_overhead as u64,
             payload_bytes: t.payload_bytes,
+            ack_only_frames: t.ack_only_frames,
         }
     }
 
@@ -199,6 +200,11 @@ pub struct TallyReport {
     pub bytes: u64,
     pub wire_bytes: u64,
     pub payload_bytes: u64,
+    /// Frames carrying only transport control (TCP: no payload, ACK without
+    /// SYN/FIN/RST; UDP: a datagram too small to carry application data; see
+    /// `Classifier::is_ack_only`).
+    #[serde(default)]
+    pub ack_only_frames: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -382,6 +388,7 @@ mod tests {
             bytes: 1000,
             payload_bytes: 400,
             pad_bytes: 60,
+            ack_only_frames: 3,
         };
         let a = Accounting::default();
         assert_eq!(a.tally(&t).wire_bytes, 1240);

@@ -264,12 +264,17 @@ pub struct Tally {
     pub bytes: u64,
     pub payload_bytes: u64,
     pub pad_bytes: u64,
+    /// Frames that carry no application data, only transport control: see
+    /// [`Classifier::is_ack_only`](super::classify::Classifier::is_ack_only).
+    #[serde(default)]
+    pub ack_only_frames: u64,
 }
 
 impl Tally {
     #[inline]
-    fn add(&mut self, len: u32, payload: u32) {
+    fn add(&mut self, len: u32, payload: u32, ack_only: bool) {
         self.frames += 1;
+        self.ack_only_frames += u64::from(ack_only);
         self.bytes += len as u64;
         self.payload_bytes += payload as u64;
         self.pad_bytes += 60u32.saturating_sub(len) as u64;
@@ -281,6 +286,7 @@ impl Tally {
             bytes: self.bytes + o.bytes,
             payload_bytes: self.payload_bytes + o.payload_bytes,
             pad_bytes: self.pad_bytes + o.pad_bytes,
+            ack_only_frames: self.ack_only_frames + o.ack_only_frames,
         }
     }
 }
@@ -350,6 +356,7 @@ pub struct Released {
     class: Class,
     len: u32,
     payload: u32,
+    ack_only: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -362,6 +369,7 @@ struct InFlight {
     len: u32,
     payload: u32,
     class: u8,
+    ack_only: bool,
 }
 
 /// One direction of an emulated link.
@@ -424,7 +432,7 @@ impl<R: RandomSource> Pipe<R> {
         for Reverse(f) in self.heap.iter() {
             self.counters.by_class[f.class as usize]
                 .offered
-                .add(f.len, f.payload);
+                .add(f.len, f.payload, f.ack_only);
         }
     }
 
@@ -462,15 +470,16 @@ impl<R: RandomSource> Pipe<R> {
     /// returned by [`poll_release`](Self::poll_release) if the frame is scheduled.
     pub fn offer(&mut self, now: Nanos, frame: &[u8], token: u32) -> Verdict {
         let fc = self.cfg.classifier.classify(frame);
+        let ack_only = self.cfg.classifier.is_ack_only(frame);
         let len = frame.len() as u32;
         let c = &mut self.counters.by_class[fc.class as usize];
-        c.offered.add(len, fc.payload);
+        c.offered.add(len, fc.payload, ack_only);
         if !self.settings.up {
-            c.down_dropped.add(len, fc.payload);
+            c.down_dropped.add(len, fc.payload, ack_only);
             return Verdict::Down;
         }
         if self.heap.len() >= self.cfg.max_in_flight as usize {
-            c.queue_dropped.add(len, fc.payload);
+            c.queue_dropped.add(len, fc.payload, ack_only);
             return Verdict::QueueDropped;
         }
         let mut depart = now;
@@ -486,7 +495,7 @@ impl<R: RandomSource> Pipe<R> {
             if self.backlog.len() >= self.settings.queue_frames as usize
                 || (qb > 0 && self.backlog_bytes + len as u64 > qb)
             {
-                c.queue_dropped.add(len, fc.payload);
+                c.queue_dropped.add(len, fc.payload, ack_only);
                 return Verdict::QueueDropped;
             }
             let start = if self.busy_until <= now {
@@ -508,7 +517,7 @@ impl<R: RandomSource> Pipe<R> {
         if self.lose() {
             self.counters.by_class[fc.class as usize]
                 .lost
-                .add(len, fc.payload);
+                .add(len, fc.payload, ack_only);
             return Verdict::Lost;
         }
         let mut release = depart + self.settings.delay_ns;
@@ -533,6 +542,7 @@ impl<R: RandomSource> Pipe<R> {
             len,
             payload: fc.payload,
             class: fc.class as u8,
+            ack_only,
         }));
         Verdict::Scheduled { release }
     }
@@ -547,9 +557,9 @@ impl<R: RandomSource> Pipe<R> {
         let deliver = top.epoch == self.epoch;
         let c = &mut self.counters.by_class[top.class as usize];
         if deliver {
-            c.delivered.add(top.len, top.payload);
+            c.delivered.add(top.len, top.payload, top.ack_only);
         } else {
-            c.down_dropped.add(top.len, top.payload);
+            c.down_dropped.add(top.len, top.payload, top.ack_only);
         }
         Some(Released {
             token: top.token,
@@ -558,6 +568,7 @@ impl<R: RandomSource> Pipe<R> {
             class: Class::from_index(top.class as usize),
             len: top.len,
             payload: top.payload,
+            ack_only: top.ack_only,
         })
     }
 
@@ -565,7 +576,7 @@ impl<R: RandomSource> Pipe<R> {
     pub fn note_tx_error(&mut self, r: &Released) {
         self.counters.by_class[r.class as usize]
             .tx_errors
-            .add(r.len, r.payload);
+            .add(r.len, r.payload, r.ack_only);
     }
 
     fn lose(&mut self) -> bool {

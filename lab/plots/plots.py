@@ -1,0 +1,160 @@
+"""Plots of quicsdn-lab's benches, in the style of the quicSDN papers' figures.
+
+    python plots.py overhead|delay|table1|model DIR
+
+Reads DIR/<kind>.csv (written by `quicsdn-lab bench <kind>` or `quicsdn-lab model`),
+writes PNGs into DIR and prints their paths, one per line. Only reads and draws:
+every number comes from the CSV.
+"""
+
+import csv
+import os
+import sys
+from collections import OrderedDict, defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLORS = {
+    "tcp": "#d62728",
+    "tls": "#ff7f0e",
+    "quic": "#1f77b4",
+    "quic-rr16": "#17becf",
+    "quic-tuned": "#2ca02c",
+    "kcptun": "#9467bd",
+}
+MIB = 1024.0 * 1024.0
+
+
+def rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def order(values):
+    return list(OrderedDict.fromkeys(values))
+
+
+def save(fig, d, name):
+    p = os.path.join(d, name)
+    fig.tight_layout()
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    print(p)
+
+
+def overhead(d):
+    data = rows(os.path.join(d, "overhead.csv"))
+    transports = order(r["transport"] for r in data)
+    tot = defaultdict(float)
+    for r in data:
+        tot[(r["rtt"], r["loss_pct"], r["rate"], r["transport"])] += float(r["overhead_bytes"])
+    for rtt in order(r["rtt"] for r in data):
+        losses = order(r["loss_pct"] for r in data if r["rtt"] == rtt)
+        fig, axes = plt.subplots(1, len(losses), figsize=(5.5 * len(losses), 4), squeeze=False)
+        for ax, loss in zip(axes[0], losses):
+            rates = order(r["rate"] for r in data if r["rtt"] == rtt and r["loss_pct"] == loss)
+            w = 0.8 / len(transports)
+            for i, t in enumerate(transports):
+                ys = [tot[(rtt, loss, rate, t)] / MIB for rate in rates]
+                xs = [j + (i - (len(transports) - 1) / 2) * w for j in range(len(rates))]
+                ax.bar(xs, ys, w, label=t, color=COLORS.get(t))
+            ax.set_xticks(range(len(rates)))
+            ax.set_xticklabels([f"{float(x):g}" for x in rates])
+            ax.set_xlabel("messages per second (each direction)")
+            ax.set_ylabel("protocol overhead (MiB, both directions)")
+            ax.set_title(f"{rtt} RTT, {loss}% loss")
+            ax.legend(fontsize=8)
+        save(fig, d, f"overhead-{rtt}.png")
+
+
+def delay(d):
+    data = rows(os.path.join(d, "delay.csv"))
+    transports = order(r["transport"] for r in data)
+    groups = defaultdict(list)
+    for r in data:
+        groups[(r["sizes"], r["rtt_ms"], r["loss_pct"], r["transport"])].append(float(r["delay_ms"]))
+    panels = order((r["sizes"], r["rtt_ms"]) for r in data)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for ax, (sizes, rtt) in zip(axes[0], panels):
+        losses = order(r["loss_pct"] for r in data if r["sizes"] == sizes and r["rtt_ms"] == rtt)
+        w = 0.8 / len(transports)
+        for i, t in enumerate(transports):
+            pos = [j + (i - (len(transports) - 1) / 2) * w for j in range(len(losses))]
+            vals = [groups[(sizes, rtt, loss, t)] for loss in losses]
+            bp = ax.boxplot(vals, positions=pos, widths=w * 0.9, patch_artist=True, showfliers=False)
+            for b in bp["boxes"]:
+                b.set_facecolor(COLORS.get(t, "grey"))
+            ax.plot([], [], color=COLORS.get(t, "grey"), lw=6, label=t)
+        ax.set_xticks(range(len(losses)))
+        ax.set_xticklabels([f"{x}%" for x in losses])
+        ax.set_xlabel("loss")
+        ax.set_ylabel("delivery delay (ms)")
+        ax.set_title(f"<{sizes.replace('/', ', ')}>, RTT {rtt} ms")
+        ax.legend(fontsize=7)
+    save(fig, d, "delay.png")
+
+
+def table1(d):
+    data = rows(os.path.join(d, "table1.csv"))
+    transports = order(r["transport"] for r in data)
+    exps = order(r["experiment"] for r in data)
+    fig, axes = plt.subplots(1, len(exps), figsize=(5.5 * len(exps), 4), squeeze=False)
+    for ax, e in zip(axes[0], exps):
+        levels = order(r["level"] for r in data if r["experiment"] == e)
+        w = 0.8 / len(transports)
+        for i, t in enumerate(transports):
+            ys = []
+            for lv in levels:
+                v = [float(r["bytes_per_s"]) for r in data if r["experiment"] == e and r["level"] == lv and r["transport"] == t]
+                ys.append(v[0] if v else 0.0)
+            xs = [j + (i - (len(transports) - 1) / 2) * w for j in range(len(levels))]
+            ax.bar(xs, ys, w, label=t, color=COLORS.get(t))
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(levels)))
+        ax.set_xticklabels(levels)
+        ax.set_ylabel("bytes/s on the control link")
+        ax.set_title(e)
+        ax.legend(fontsize=7)
+    save(fig, d, "table1.png")
+
+
+def model(d):
+    data = rows(os.path.join(d, "fig2.csv"))
+    cols = order((r["rate"], r["agents"]) for r in data)
+    fig, axes = plt.subplots(2, len(cols), figsize=(3.6 * len(cols), 6), squeeze=False)
+    for j, (rate, agents) in enumerate(cols):
+        sub = [r for r in data if r["rate"] == rate and r["agents"] == agents]
+        for proto, color in (("tcp", COLORS["tcp"]), ("quic", COLORS["quic"])):
+            s = [r for r in sub if r["protocol"] == proto]
+            xs = [float(r["t_b_ms"]) for r in s]
+            axes[0][j].plot(xs, [float(r["transmission_bytes"]) / 1024 for r in s], color=color, label=proto)
+            axes[1][j].plot(xs, [float(r["ack_bytes"]) / 1024 for r in s], color=color, label=proto)
+        axes[0][j].set_title(f"λ={rate}/s, |A|={agents}")
+        axes[1][j].set_xlabel("buffering delay T_b (ms)")
+        for i in range(2):
+            axes[i][j].legend(fontsize=7)
+    axes[0][0].set_ylabel("transmission overhead (KiB)")
+    axes[1][0].set_ylabel("ACK overhead (KiB)")
+    save(fig, d, "fig2.png")
+    vpath = os.path.join(d, "validation.csv")
+    if os.path.exists(vpath):
+        v = rows(vpath)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        labels = [f"{r['transport']}\n{r['case']}" for r in v]
+        xs = range(len(v))
+        ax.bar([x - 0.2 for x in xs], [float(r["measured_overhead"]) / 1024 for r in v], 0.4, label="measured")
+        ax.bar([x + 0.2 for x in xs], [float(r["predicted_overhead"]) / 1024 for r in v], 0.4, label="model")
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_ylabel("transport overhead (KiB)")
+        ax.set_title("file transfer: model vs measurement (preprint Fig. 4)")
+        ax.legend()
+        save(fig, d, "validation.png")
+
+
+if __name__ == "__main__":
+    kind, d = sys.argv[1], sys.argv[2]
+    {"overhead": overhead, "delay": delay, "table1": table1, "model": model}[kind](d)

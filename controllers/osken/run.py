@@ -7,7 +7,7 @@ logging, run the apps until killed.
 
     run.py [--listen-host IP] [--port N]
            [--tls-key KEY --tls-cert CERT --tls-ca CA]
-           [--verbose] [APP ...]
+           [--verbose] [APP ...] [--APP-OPTION=VALUE ...]
 
 (options: controllers/launcher.py, shared with the other launcher)
 """
@@ -28,21 +28,13 @@ import os_ken.controller.controller  # noqa: E402,F401  (registers the --ofp-* o
 from os_ken import cfg, log  # noqa: E402
 
 
-def app_module(app):
-    """Turn a .py path into an importable module name."""
-    if app.endswith(".py"):
-        path = os.path.abspath(app)
-        sys.path.insert(0, os.path.dirname(path))
-        return os.path.splitext(os.path.basename(path))[0]
-    return app
-
-
 def main():
     args, apps = launcher.parse(__doc__.split("\n\n")[0])
-
+    # Apps first: they register their own options, which the parse below knows then.
+    modules = launcher.import_apps(apps)
     cfg.CONF(args, project="os_ken", default_config_files=[])
     log.init_log()
-    AppManager.run_apps([app_module(x) for x in apps])
+    AppManager.run_apps(modules)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 
     run.py [--listen-host IP] [--port N]
            [--tls-key KEY --tls-cert CERT --tls-ca CA]
-           [--verbose] [APP ...]
+           [--verbose] [APP ...] [--APP-OPTION=VALUE ...]
 
 (options: controllers/launcher.py, shared with the other launcher)
 """
@@ -64,6 +64,9 @@ def _fix_tls_server():
 def main():
     args, apps = launcher.parse(__doc__.split("\n\n")[0])
     _fix_tls_server()
+    # Import the apps once so the options they register exist when ryu-manager
+    # parses its command line (it imports them again, after parsing).
+    launcher.import_apps(apps)
     # ryu-manager loads apps given as .py paths itself.
     args += [os.path.abspath(x) if x.endswith(".py") else x for x in apps]
     manager.main(args=args, prog="ryu-manager")

@@ -202,8 +202,23 @@ fn s(p: &Path) -> String {
 /// Starts the controller inside `netns` and waits until it listens on its
 /// port (or fails early, quoting its log, if it exits).
 pub fn start_controller(netns: &Netns, spec: &ControllerSpec) -> Result<RunningController> {
+    start_controller_with(netns, spec, &[])
+}
+
+/// [`start_controller`] with more arguments for the os-ken or Ryu launcher:
+/// the apps to run instead of the L2 learning app, then the apps' own options,
+/// e.g. `["controllers/roles.py", "controllers/l2_learning.py", "--role=master"]`
+/// (see `controllers/launcher.py`).
+pub fn start_controller_with(
+    netns: &Netns,
+    spec: &ControllerSpec,
+    launcher_args: &[String],
+) -> Result<RunningController> {
     if spec.kind == ControllerKind::None {
         bail!("controller `none` runs nothing");
+    }
+    if spec.kind == ControllerKind::Faucet && !launcher_args.is_empty() {
+        bail!("faucet runs its own apps: no launcher arguments");
     }
     std::fs::create_dir_all(&spec.work_dir)
         .with_context(|| format!("cannot create {}", spec.work_dir.display()))?;
@@ -227,6 +242,7 @@ pub fn start_controller(netns: &Netns, spec: &ControllerSpec) -> Result<RunningC
                 c.args(["--tls-key", &s(&t.key), "--tls-cert", &s(&t.cert)])
                     .args(["--tls-ca", &s(&t.ca)]);
             }
+            c.args(launcher_args);
         }
         ControllerKind::Faucet => {
             let yaml = spec

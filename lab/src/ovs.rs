@@ -298,15 +298,28 @@ impl Ovs {
             bail!("set_controller: no target");
         }
         self.del_flows(bridge)?;
-        let mut args: Vec<&str> = vec!["set-controller", bridge];
-        args.extend(targets.iter().map(String::as_str));
+        // One transaction: a Controller row per target, then the bridge's set of
+        // them (`set controller BRIDGE …` would name only a bridge's single row).
+        let mut args: Vec<String> = Vec::new();
+        for (i, target) in targets.iter().enumerate() {
+            args.extend([
+                "--".into(),
+                format!("--id=@c{i}"),
+                "create".into(),
+                "controller".into(),
+                format!("target=\"{target}\""),
+                "connection-mode=out-of-band".into(),
+            ]);
+        }
+        let ids: Vec<String> = (0..targets.len()).map(|i| format!("@c{i}")).collect();
         args.extend([
-            "--",
-            "set",
-            "controller",
-            bridge,
-            "connection-mode=out-of-band",
+            "--".into(),
+            "set".into(),
+            "bridge".into(),
+            bridge.into(),
+            format!("controller=[{}]", ids.join(",")),
         ]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.vsctl(&args)?;
         Ok(())
     }

@@ -11,12 +11,20 @@
 //! loopback behind the controller agent) and takes the switch's connection with
 //! [`Testbed::accept_controller`]. Everything is removed on drop, also when
 //! setting up fails half-way.
+//!
+//! [`Testbed::build`] gives OVS several controller targets ([`Targets`]):
+//! target `i` (from 0) is served on port `6653 + i` in `P-ctl`, either by the
+//! testbed's listeners or by controllers the test starts there (e.g. os-ken)
+//! before [`Testbed::point_ovs`]. Through the agents, each target has its own
+//! switch agent and controller agent (its own QUIC connection; controller
+//! agent `i` on UDP `6653 + i`), or all targets share one pair as services of
+//! their own ([`AgentLayout`]).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 use crate::agents::{
     AgentTls, lab_binary, openflow_socket, start_controller_agent, start_switch_agent,
@@ -42,6 +50,44 @@ pub enum Via {
     },
 }
 
+/// With the agents, how OVS's controller targets map to them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentLayout {
+    /// One switch agent and one controller agent per target: every target
+    /// has its own QUIC connection. OVS reaches target `i` at
+    /// [`Testbed::openflow_socket`]`(i)`; controller agent `i` listens on UDP
+    /// `6653 + i`.
+    PerTarget,
+    /// One switch agent and one controller agent: target `i` is a service of
+    /// its own (`openflow`, then `openflow2`, `openflow3`, …, all OpenFlow
+    /// framing), one session each on their one QUIC connection.
+    Shared,
+}
+
+/// OVS's controller targets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Targets {
+    /// How many; target `i` (from 0) is served on port `6653 + i` in `P-ctl`.
+    pub count: u16,
+    /// With the agents: per target or shared (ignored for `tcp`).
+    pub agents: AgentLayout,
+    /// Whether the testbed listens on the targets' ports for the test's own
+    /// program ([`Testbed::accept_controller_at`]); if not, the test starts its
+    /// controllers there itself.
+    pub listen: bool,
+}
+
+impl Targets {
+    /// [`Testbed::up`]'s: one target, the testbed listens.
+    pub fn one() -> Targets {
+        Targets {
+            count: 1,
+            agents: AgentLayout::PerTarget,
+            listen: true,
+        }
+    }
+}
+
 /// What to build.
 #[derive(Debug, Clone)]
 pub struct TestbedSpec {
@@ -61,8 +107,18 @@ pub struct Testbed {
     ovs: Option<Ovs>,
     link: Option<ControlLink>,
     procs: Vec<ProcRecord>,
-    listener: Option<TcpListener>,
+    listeners: Vec<TcpListener>,
+    /// OVS's controller targets, in order.
+    ovs_targets: Vec<String>,
     pub hosts: Vec<Netns>,
+}
+
+/// `stem.ext` for 0, `stem2.ext` for 1, …
+fn numbered(stem: &str, i: usize, ext: &str) -> String {
+    match i {
+        0 => format!("{stem}.{ext}"),
+        _ => format!("{stem}{}.{ext}", i + 1),
+    }
 }
 
 fn names(prefix: &str) -> (String, String) {
@@ -88,7 +144,22 @@ pub fn remove(prefix: &str, hosts: u32) {
 }
 
 impl Testbed {
+    /// Builds a testbed with one controller target and points OVS at it.
     pub fn up(spec: &TestbedSpec) -> Result<Testbed> {
+        let bed = Testbed::build(spec, &Targets::one())?;
+        bed.point_ovs()?;
+        Ok(bed)
+    }
+
+    /// Builds everything for `targets` (OVS, hosts, the link, listeners or the
+    /// agents) but leaves OVS without a controller until [`Testbed::point_ovs`].
+    pub fn build(spec: &TestbedSpec, targets: &Targets) -> Result<Testbed> {
+        if !(1..=100).contains(&targets.count) {
+            bail!(
+                "a testbed has 1 to 100 controller targets, not {}",
+                targets.count
+            );
+        }
         let p = spec.prefix.as_str();
         remove(p, spec.hosts);
         let dir = PathBuf::from(format!("/run/quicsdn-lab/{p}-bed"));
@@ -100,7 +171,8 @@ impl Testbed {
             ovs: None,
             link: None,
             procs: Vec::new(),
-            listener: None,
+            listeners: Vec::new(),
+            ovs_targets: Vec::new(),
             hosts: Vec::new(),
         };
         let (ctl_name, sw_name) = names(p);
@@ -128,17 +200,26 @@ impl Testbed {
                 "br0",
             )?;
         }
-        let listen = if spec.via == Via::Tcp {
-            "0.0.0.0:6653"
+        let host = if spec.via == Via::Tcp {
+            "0.0.0.0"
         } else {
-            "127.0.0.1:6653"
+            "127.0.0.1"
         };
-        let listener = in_netns(&ctl_name, move || TcpListener::bind(listen))?
-            .with_context(|| format!("listening on {listen} in {ctl_name}"))?;
-        listener.set_nonblocking(true)?;
-        bed.listener = Some(listener);
-        let target = match &spec.via {
-            Via::Tcp => format!("tcp:{ctl_ip}:6653"),
+        let ports = (0..targets.count).map(|i| 6653 + i);
+        if targets.listen {
+            for port in ports.clone() {
+                let listen = format!("{host}:{port}");
+                let listener = in_netns(&ctl_name, {
+                    let listen = listen.clone();
+                    move || TcpListener::bind(listen)
+                })?
+                .with_context(|| format!("listening on {listen} in {ctl_name}"))?;
+                listener.set_nonblocking(true)?;
+                bed.listeners.push(listener);
+            }
+        }
+        bed.ovs_targets = match &spec.via {
+            Via::Tcp => ports.map(|port| format!("tcp:{ctl_ip}:{port}")).collect(),
             Via::Agents {
                 switch_args,
                 controller_args,
@@ -152,29 +233,97 @@ impl Testbed {
                         key: pair.key,
                     })
                 };
-                bed.procs.push(start_controller_agent(
-                    &ctl,
-                    &format!("{ctl_ip}:6653"),
-                    &tls("ctl")?,
-                    &["openflow=tcp:127.0.0.1:6653".into()],
-                    controller_args,
-                    &dir.join("controller-agent.log"),
-                )?);
-                let socket = openflow_socket(&ovs.dir);
-                bed.procs.push(start_switch_agent(
-                    &sw,
-                    &format!("{ctl_ip}:6653"),
-                    "ctl",
-                    &tls("sw1")?,
-                    &[format!("openflow=punix:{}", socket.display())],
-                    switch_args,
-                    &dir.join("switch-agent.log"),
-                )?);
-                format!("unix:{}", socket.display())
+                let (ctl_tls, sw_tls) = (tls("ctl")?, tls("sw1")?);
+                let mut ovs_targets = Vec::new();
+                // (controller agent's services, switch agent's services) of each pair.
+                let mut pairs: Vec<(Vec<String>, Vec<String>)> = Vec::new();
+                for (i, port) in ports.enumerate() {
+                    let socket = bed.openflow_socket(i);
+                    let (ctl_service, sw_service) = match targets.agents {
+                        AgentLayout::PerTarget => (
+                            format!("openflow=tcp:127.0.0.1:{port}"),
+                            format!("openflow=punix:{}", socket.display()),
+                        ),
+                        AgentLayout::Shared => {
+                            let name = match i {
+                                0 => "openflow".to_string(),
+                                _ => format!("openflow{}:openflow", i + 1),
+                            };
+                            (
+                                format!("{name}=tcp:127.0.0.1:{port}"),
+                                format!("{name}=punix:{}", socket.display()),
+                            )
+                        }
+                    };
+                    if i == 0 || targets.agents == AgentLayout::PerTarget {
+                        pairs.push((vec![], vec![]));
+                    }
+                    let pair = pairs.last_mut().expect("pushed above");
+                    pair.0.push(ctl_service);
+                    pair.1.push(sw_service);
+                    ovs_targets.push(format!("unix:{}", socket.display()));
+                }
+                for (i, (ctl_services, sw_services)) in pairs.iter().enumerate() {
+                    let udp = format!("{ctl_ip}:{}", 6653 + i);
+                    bed.procs.push(start_controller_agent(
+                        &ctl,
+                        &udp,
+                        &ctl_tls,
+                        ctl_services,
+                        controller_args,
+                        &bed.controller_agent_log(i),
+                    )?);
+                    bed.procs.push(start_switch_agent(
+                        &sw,
+                        &udp,
+                        "ctl",
+                        &sw_tls,
+                        sw_services,
+                        switch_args,
+                        &bed.switch_agent_log(i),
+                    )?);
+                }
+                ovs_targets
             }
         };
-        ovs.set_controller("br0", &[target])?;
         Ok(bed)
+    }
+
+    /// Points `br0` at every controller target (see [`Ovs::set_controller`]).
+    pub fn point_ovs(&self) -> Result<()> {
+        self.ovs().set_controller("br0", &self.ovs_targets)
+    }
+
+    /// OVS's controller targets, in order.
+    pub fn ovs_targets(&self) -> &[String] {
+        &self.ovs_targets
+    }
+
+    /// The controller namespace, `P-ctl`.
+    pub fn ctl(&self) -> Netns {
+        Netns::named(names(&self.prefix).0)
+    }
+
+    /// The unix socket OVS connects to for target `i` through the agents:
+    /// `quicsdn-openflow.sock`, then `quicsdn-openflow2.sock`, … in OVS's
+    /// run directory.
+    pub fn openflow_socket(&self, i: usize) -> PathBuf {
+        let first = openflow_socket(&self.dir.join("sw1"));
+        match i {
+            0 => first,
+            _ => first.with_file_name(format!("quicsdn-openflow{}.sock", i + 1)),
+        }
+    }
+
+    /// Log of controller agent `i`: `controller-agent.log`, then
+    /// `controller-agent2.log`, …
+    pub fn controller_agent_log(&self, i: usize) -> PathBuf {
+        self.dir.join(numbered("controller-agent", i, "log"))
+    }
+
+    /// Log of switch agent `i`: `switch-agent.log`, then `switch-agent2.log`, …
+    pub fn switch_agent_log(&self, i: usize) -> PathBuf {
+        self.dir.join(numbered("switch-agent", i, "log"))
     }
 
     pub fn ovs(&self) -> &Ovs {
@@ -190,7 +339,15 @@ impl Testbed {
     /// and connect again, so a connection that closes during the handshake is
     /// replaced by the next one.
     pub fn accept_controller(&self, timeout: Duration) -> Result<Controller> {
-        let listener = self.listener.as_ref().expect("set up");
+        self.accept_controller_at(0, timeout)
+    }
+
+    /// [`Testbed::accept_controller`] for target `i`.
+    pub fn accept_controller_at(&self, i: usize, timeout: Duration) -> Result<Controller> {
+        let listener = self
+            .listeners
+            .get(i)
+            .with_context(|| format!("the testbed does not listen for target {i}"))?;
         crate::wait::poll_until(
             "the switch to connect and complete the handshake",
             timeout,

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// The connection to the controller agent, as the rest of the agent sees it.
 #[derive(Clone)]
@@ -270,6 +270,16 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
                     switch = %inner.identity,
                     "connection to the controller agent lost ({reason}); closing OVS's connections"
                 );
+                if superseded(&reason) {
+                    error!(
+                        switch = %inner.identity,
+                        "the controller agent took a newer connection with this switch's identity and \
+                         closed this live one. If this repeats, another switch agent with the same \
+                         certificate connects to the same controller agent and the two keep replacing \
+                         each other: give each switch agent its own certificate, or carry both OVS \
+                         controller targets as services of one switch agent"
+                    );
+                }
                 // Reconnect at once after a connection that lived a while, or whose
                 // 0-RTT was rejected; a connection dropped straight after its
                 // handshake waits like a failure.
@@ -292,6 +302,13 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
             _ = shutdown.wait() => return,
         }
     }
+}
+
+/// Whether the controller agent closed the connection because a newer one with
+/// the same switch identity replaced it.
+fn superseded(reason: &quinn::ConnectionError) -> bool {
+    matches!(reason, quinn::ConnectionError::ApplicationClosed(close)
+        if close.error_code == VarInt::from_u32(code::SUPERSEDED))
 }
 
 /// One connection attempt. With a session ticket (and 0-RTT on), the connection

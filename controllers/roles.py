@@ -38,7 +38,6 @@ three times.
 """
 
 import json
-import threading
 import time
 
 import oslo_config.cfg
@@ -110,7 +109,6 @@ class Roles(App):
         self.role = ROLES[CONF.role]
         self.generation_id = parse_generation_id(CONF.generation_id)
         self.event_log = open(CONF.events, "a") if CONF.events else None
-        self.lock = threading.Lock()
         # Per datapath: xid of the outstanding request -> "query" or "request",
         # and how many queries were sent.
         self.pending = {}
@@ -120,9 +118,9 @@ class Roles(App):
         line = dict(event=event, dpid=dp.id, time=time.time(), **fields)
         self.logger.info("roles: %s", json.dumps(line))
         if self.event_log:
-            with self.lock:
-                self.event_log.write(json.dumps(line) + "\n")
-                self.event_log.flush()
+            # One writer: an app's handlers all run in its one event loop.
+            self.event_log.write(json.dumps(line) + "\n")
+            self.event_log.flush()
 
     def send(self, dp, role, generation_id, purpose):
         req = dp.ofproto_parser.OFPRoleRequest(dp, role, generation_id)

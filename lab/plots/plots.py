@@ -1,6 +1,6 @@
 """Plots of quicsdn-lab's benches, in the style of the quicSDN papers' figures.
 
-    python plots.py overhead|delay|table1|model DIR
+    python plots.py overhead|delay|table1|model|hol DIR
 
 Reads DIR/<kind>.csv (written by `quicsdn-lab bench <kind>` or `quicsdn-lab model`),
 writes PNGs into DIR and prints their paths, one per line. Only reads and draws:
@@ -24,6 +24,8 @@ COLORS = {
     "quic-rr16": "#17becf",
     "quic-tuned": "#2ca02c",
     "kcptun": "#9467bd",
+    "quic ordered": "#9edae5",
+    "quic (default: safe)": "#1f77b4",
 }
 MIB = 1024.0 * 1024.0
 
@@ -155,6 +157,31 @@ def model(d):
         save(fig, d, "validation.png")
 
 
+def hol(d):
+    data = rows(os.path.join(d, "hol.csv"))
+    transports = order(r["transport"] for r in data)
+    groups = defaultdict(list)
+    for r in data:
+        groups[(r["bench"], r["loss_percent"], r["transport"])].append(float(r["sample_ms"]))
+    panels = order((r["bench"], r["loss_percent"]) for r in data)
+    # The propagation delay in each sample (see hol.rs): a 20 ms round trip for
+    # echo, 50 ms one way for packet-ins.
+    floor = {"echo": 20.0, "packet-in": 50.0}
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
+    for ax, (bench, loss) in zip(axes[0], panels):
+        vals = [groups[(bench, loss, t)] for t in transports]
+        bp = ax.boxplot(vals, whis=(1, 99), patch_artist=True, showfliers=False, showmeans=True)
+        for b, t in zip(bp["boxes"], transports):
+            b.set_facecolor(COLORS.get(t, "grey"))
+        if bench in floor:
+            ax.axhline(floor[bench], color="black", ls="--", lw=0.8)
+        ax.set_xticks(range(1, len(transports) + 1))
+        ax.set_xticklabels([t.replace(" (", "\n(") for t in transports], fontsize=8)
+        ax.set_ylabel("delay (ms)" if bench == "packet-in" else "echo round trip (ms)")
+        ax.set_title(f"{bench}, {loss}% loss")
+    save(fig, d, "hol.png")
+
+
 if __name__ == "__main__":
     kind, d = sys.argv[1], sys.argv[2]
-    {"overhead": overhead, "delay": delay, "table1": table1, "model": model}[kind](d)
+    {"overhead": overhead, "delay": delay, "table1": table1, "model": model, "hol": hol}[kind](d)

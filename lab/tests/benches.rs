@@ -1,6 +1,6 @@
 //! The `--quick` benches, end to end (root: namespaces, emulated links, real
 //! agents, kcptun, real OVS). They assert delivery, payload counts and CSV
-//! schemas, never speed. Prefixes `qsdnB1`…`qsdnB5`; one bench at a time.
+//! schemas, never speed. Prefixes `qsdnB1`…`qsdnB7`; one bench at a time.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -224,4 +224,32 @@ fn tuning_quick_measures_each_setting() {
             assert!(v > 0.0, "{h}: {v}");
         }
     }
+}
+
+#[test]
+fn hol_quick_measures_every_cell_with_real_ovs() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    quicsdn_lab::bench::hol::run(quicsdn_lab::bench::hol::HolArgs {
+        out: dir.path().to_path_buf(),
+        quick: true,
+        agent_args: Vec::new(),
+        prefix: "qsdnB7".into(),
+        no_plots: false,
+    })
+    .expect("hol bench (each packet-in cell checks that most packets came back)");
+    let csv = quicsdn_lab::bench::hol::read(dir.path()).expect("schema");
+    // echo at 2 %, packet-in at 1 % and 5 %; tcp, quic ordered, quic safe each.
+    let mut cells = std::collections::BTreeMap::<(String, String, String), usize>::new();
+    for r in &csv.rows {
+        let ms: f64 = r[3].parse().unwrap();
+        assert!(ms > 0.0 && ms < 60_000.0, "sample {r:?}");
+        *cells
+            .entry((r[0].clone(), r[1].clone(), r[2].clone()))
+            .or_default() += 1;
+    }
+    assert_eq!(cells.len(), 9, "{cells:?}");
+    assert!(dir.path().join("hol.png").exists());
+    let md = std::fs::read_to_string(dir.path().join("hol.md")).unwrap();
+    assert!(md.contains("quic (default: safe)") && md.contains("(hol.png)"));
 }

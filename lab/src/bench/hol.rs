@@ -14,9 +14,9 @@
 //!   (100 ms round trip, 1 % and 5 % loss).
 //!
 //! Prints p50/p99/mean per transport and the reduction against `tcp`; writes
-//! `samples.csv` and `summary.md` to `--out`. A benchmark: it asserts nothing.
+//! `hol.csv` (every sample), `hol.md` (the summary) and `hol.png` (boxplots) to
+//! `--out`. A benchmark: it asserts nothing.
 
-use std::fmt::Write as _;
 use std::net::UdpSocket;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,6 +27,7 @@ use anyhow::{Context, Result, bail};
 use quicsdn_wire::openflow::build::{self, Action, CONTROLLER, FlowMod, Oxm, msg_type};
 use quicsdn_wire::openflow::{HEADER_LEN, fields};
 
+use crate::bench::out::{self, Csv};
 use crate::control_link::Impairment;
 use crate::emulator::sys::{in_netns, monotonic_ns};
 use crate::openflow_peer::Controller;
@@ -34,7 +35,7 @@ use crate::testbed::{Testbed, TestbedSpec, Via};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct HolArgs {
-    /// Where `samples.csv` and `summary.md` go.
+    /// Where `hol.csv`, `hol.md` and `hol.png` go.
     #[arg(long, default_value = "lab-results/hol")]
     pub out: PathBuf,
     /// A short run (a few seconds per cell) instead of 15 s.
@@ -43,9 +44,17 @@ pub struct HolArgs {
     /// Extra options for both agents (repeatable), e.g. `--agent-arg=--stream-window=256k`.
     #[arg(long = "agent-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub agent_args: Vec<String>,
+    /// Name prefix of the bench's namespaces (at most 12 characters).
+    #[arg(long, default_value = "qsdnhol")]
+    pub prefix: String,
+    /// Skip the PNG plots (no matplotlib venv needed).
+    #[arg(long)]
+    pub no_plots: bool,
 }
 
-const PREFIX: &str = "qsdnhol";
+/// The CSV's columns: one row per sample.
+pub const COLUMNS: [&str; 4] = ["bench", "loss_percent", "transport", "sample_ms"];
+
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// Marks the benchmark's UDP payloads.
 const MAGIC: &[u8; 8] = b"qsdnHOL1";
@@ -93,6 +102,7 @@ struct Cell {
 }
 
 fn testbed(
+    prefix: &str,
     transport: Transport,
     delay_ms: u64,
     loss: f64,
@@ -100,7 +110,7 @@ fn testbed(
     extra: &[String],
 ) -> Result<(Testbed, Controller)> {
     let bed = Testbed::up(&TestbedSpec {
-        prefix: PREFIX.into(),
+        prefix: prefix.into(),
         impairment: Impairment {
             delay: Some(Duration::from_millis(delay_ms)),
             loss_percent: Some(loss),
@@ -123,12 +133,13 @@ fn answer_echo(c: &mut Controller, m: &crate::openflow_peer::Received) -> Result
 }
 
 fn echo_during_stats_storm(
+    prefix: &str,
     transport: Transport,
     flows: u32,
     run: Duration,
     extra: &[String],
 ) -> Result<Vec<f64>> {
-    let (_bed, mut c) = testbed(transport, 10, 2.0, 0, extra)?;
+    let (_bed, mut c) = testbed(prefix, transport, 10, 2.0, 0, extra)?;
     for i in 0..flows {
         let m = vec![Oxm::EthType(0x0800), Oxm::Ipv4Dst(0x0a01_0000 + i, None)];
         c.send(&build::flow_mod(
@@ -201,12 +212,13 @@ fn packet_send_time(msg: &[u8]) -> Option<u64> {
 }
 
 fn packet_in_delay(
+    prefix: &str,
     transport: Transport,
     loss: f64,
     run: Duration,
     extra: &[String],
 ) -> Result<Vec<f64>> {
-    let (bed, mut c) = testbed(transport, 50, loss, 1, extra)?;
+    let (bed, mut c) = testbed(prefix, transport, 50, loss, 1, extra)?;
     // Only a table-miss entry: every packet goes to the controller.
     c.send(&build::flow_mod(
         1,
@@ -273,6 +285,11 @@ fn packet_in_delay(
     Ok(delays)
 }
 
+/// Reads `DIR/hol.csv`, checking its schema.
+pub fn read(dir: &std::path::Path) -> Result<Csv> {
+    Csv::read(&dir.join("hol.csv"), &COLUMNS)
+}
+
 fn stats(samples: &[f64]) -> (f64, f64, f64) {
     let mut s = samples.to_vec();
     s.sort_by(f64::total_cmp);
@@ -299,7 +316,7 @@ pub fn run(args: HolArgs) -> Result<()> {
             bench: "echo",
             loss: 2.0,
             transport: t,
-            samples: echo_during_stats_storm(t, flows, run, &args.agent_args)?,
+            samples: echo_during_stats_storm(&args.prefix, t, flows, run, &args.agent_args)?,
             floor_ms: 20.0,
         });
     }
@@ -310,28 +327,36 @@ pub fn run(args: HolArgs) -> Result<()> {
                 bench: "packet-in",
                 loss,
                 transport: t,
-                samples: packet_in_delay(t, loss, run, &args.agent_args)?,
+                samples: packet_in_delay(&args.prefix, t, loss, run, &args.agent_args)?,
                 floor_ms: 50.0,
             });
         }
     }
-    let mut csv = String::from("bench,loss_percent,transport,sample_ms\n");
+    let mut csv = Csv::new(&COLUMNS);
     for c in &cells {
         for s in &c.samples {
-            writeln!(csv, "{},{},{},{s:.3}", c.bench, c.loss, c.transport.name())?;
+            csv.push(vec![
+                c.bench.into(),
+                c.loss.to_string(),
+                c.transport.name().into(),
+                format!("{s:.3}"),
+            ]);
         }
     }
-    std::fs::write(args.out.join("samples.csv"), csv)?;
+    csv.write(&args.out.join("hol.csv"))?;
     let mut md = String::from(
         "# Head-of-line blocking with real Open vSwitch\n\n\
          Generated by `quicsdn-lab bench hol`. echo: round trip of ECHO_REQUEST during a \
          flow-stats storm, 10 ms one-way delay, 2 % loss. packet-in: host-to-controller \
          delay of PACKET_INs, 50 ms one-way delay (100 ms RTT). All in ms. *Excess* is \
          the part above the propagation delay no transport can avoid (20 ms round trip for \
-         echo, 50 ms one way for packet-ins): the waiting a transport adds.\n\n\
-         | bench | loss | transport | samples | p50 | p99 | mean | mean vs tcp | p99 vs tcp | excess mean vs tcp | excess p99 vs tcp |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+         echo, 50 ms one way for packet-ins): the waiting a transport adds. *Floor vs tcp* \
+         is the best any transport could do against tcp's mean: the propagation delay \
+         alone.\n\n",
     );
+    md += &out::provenance();
+    md.push('\n');
+    let mut rows = Vec::new();
     println!();
     for c in &cells {
         let (p50, p99, mean) = stats(&c.samples);
@@ -343,22 +368,45 @@ pub fn run(args: HolArgs) -> Result<()> {
         let vs = |x: f64, base: f64| format!("{:+.0}%", (x / base - 1.0) * 100.0);
         let excess =
             |x: f64, base: f64| vs((x - c.floor_ms).max(0.0), (base - c.floor_ms).max(1e-3));
-        let line = format!(
-            "| {} | {}% | {} | {} | {p50:.1} | {p99:.1} | {mean:.1} | {} | {} | {} | {} |",
-            c.bench,
-            c.loss,
-            c.transport.name(),
-            c.samples.len(),
+        let row = vec![
+            c.bench.to_string(),
+            format!("{}%", c.loss),
+            c.transport.name().to_string(),
+            c.samples.len().to_string(),
+            format!("{p50:.1}"),
+            format!("{p99:.1}"),
+            format!("{mean:.1}"),
             vs(mean, tcp.2),
             vs(p99, tcp.1),
             excess(mean, tcp.2),
-            excess(p99, tcp.1)
-        );
-        println!("{line}");
-        md += &line;
-        md.push('\n');
+            excess(p99, tcp.1),
+            vs(c.floor_ms, tcp.2),
+        ];
+        println!("{}", row.join("  "));
+        rows.push(row);
     }
-    std::fs::write(args.out.join("summary.md"), md)?;
-    println!("\nwrote {}/samples.csv and summary.md", args.out.display());
+    md += &out::md_table(
+        &[
+            "bench",
+            "loss",
+            "transport",
+            "samples",
+            "p50",
+            "p99",
+            "mean",
+            "mean vs tcp",
+            "p99 vs tcp",
+            "excess mean vs tcp",
+            "excess p99 vs tcp",
+            "floor vs tcp",
+        ],
+        &rows,
+    );
+    if !args.no_plots {
+        md += "\n![delay per transport (boxes: quartiles, whiskers: 1st and 99th percentile; dashed: propagation delay)](hol.png)\n";
+        out::plot("hol", &args.out)?;
+    }
+    std::fs::write(args.out.join("hol.md"), md)?;
+    println!("\nwrote {}/hol.csv and hol.md", args.out.display());
     Ok(())
 }

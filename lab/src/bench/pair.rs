@@ -39,11 +39,12 @@ use crate::wait::poll_until;
 pub enum BenchTransport {
     Tcp,
     Tls,
-    /// quicsdn, default stream mode (`ordered`; the paper's quicSDN-2s).
+    /// quicsdn in its default stream mode, `safe` (docs/streams.md): ordering-safe
+    /// streams per service plus a priority stream for echo.
     Quic,
     /// quicsdn with `--streams rr:16` (the paper's quicSDN-16s).
     QuicRr16,
-    /// quicsdn, `ordered`, with the overhead tuning of [`TUNED_ARGS`].
+    /// quicsdn, default stream mode, with the overhead tuning of [`TUNED_ARGS`].
     QuicTuned,
     Kcptun,
 }
@@ -93,7 +94,7 @@ impl BenchTransport {
     /// The agents' `--streams` value.
     pub fn streams(self) -> Option<&'static str> {
         match self {
-            BenchTransport::Quic | BenchTransport::QuicTuned => Some("ordered"),
+            BenchTransport::Quic | BenchTransport::QuicTuned => Some("safe"),
             BenchTransport::QuicRr16 => Some("rr:16"),
             _ => None,
         }

@@ -92,7 +92,7 @@ pub fn targets(dir: &Path) -> Result<String> {
             "RTT",
             "loss",
             "rate",
-            "overhead vs tcp",
+            "overhead reduction vs tcp",
             "≥ 85 %",
             "beats paper",
             "overhead / wire vs lower bound",

@@ -227,6 +227,9 @@ def reconnect(d):
         ax.set_xticklabels([c[1] for c in cols])
         ax.set_ylabel("time from the switch's new connection (RTTs)")
         ax.set_title(f"reconnect, switch: {sw}, RTT {rtt} ms")
+        top = max([float(r[c]) for r in data if r["switch"] == sw for c, _ in cols if r[c] != "-"] or [1])
+        if top > 15:
+            ax.set_yscale("log")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
     save(fig, d, "reconnect.png")

@@ -88,6 +88,7 @@ pub const HEADER: &[&str] = &[
     "rep",
     "rtt_ms",
     "zero_rtt",
+    "attempts",
     "connected_ms",
     "first_message_ms",
     "first_message",
@@ -349,6 +350,8 @@ fn parse_switches(s: &str) -> Result<Vec<SwitchKind>> {
 #[derive(Debug, Clone, Copy)]
 struct SwitchTimes {
     t0: u64,
+    /// Connection attempts until one succeeded (OVS may time one out and retry).
+    attempts: usize,
     connected: Option<u64>,
     flow_mod: Option<u64>,
 }
@@ -423,6 +426,7 @@ impl SynthSwitch {
                 }
                 let mut times = SwitchTimes {
                     t0,
+                    attempts: 1,
                     connected: Some(connected),
                     flow_mod: None,
                 };
@@ -542,9 +546,17 @@ fn ovs_times(ovs: &Ovs, target: &str, mark: u64) -> Result<SwitchTimes> {
             .find(|l| l.module == module && l.text.contains(needle))
             .map(|l| l.realtime_ns)
     };
+    let connected = find("rconn", ": connected");
+    let attempts = lines
+        .iter()
+        .filter(after)
+        .filter(|l| connected.is_none_or(|c| l.realtime_ns <= c))
+        .filter(|l| l.module == "rconn" && l.text.ends_with(": connecting..."))
+        .count();
     Ok(SwitchTimes {
         t0: find("rconn", ": connecting...").context("OVS logged no \"connecting...\"")?,
-        connected: find("rconn", ": connected"),
+        attempts,
+        connected,
         // vconn names the connection by its target (the management socket's
         // FLOW_MODs, e.g. from ovs-ofctl, carry another name).
         flow_mod: find("vconn", &format!("{target}: received: OFPT_FLOW_MOD")),
@@ -554,6 +566,8 @@ fn ovs_times(ovs: &Ovs, target: &str, mark: u64) -> Result<SwitchTimes> {
 /// One measured repetition's row. `synth` holds the synthetic switch's
 /// connection between repetitions.
 fn repetition(c: &Ctx, rep: u32, synth: &mut Option<SynthSwitch>) -> Result<Vec<String>> {
+    // Events of connections OVS gave up on (it times out slow attempts).
+    while c.rx.try_recv().is_ok() {}
     // 1. The switch closes its connection; the controller sees it close.
     match c.sw {
         SwitchKind::Ovs => {
@@ -620,6 +634,7 @@ fn repetition(c: &Ctx, rep: u32, synth: &mut Option<SynthSwitch>) -> Result<Vec<
         rep.to_string(),
         format!("{rtt_ms:.0}"),
         zero_rtt.into(),
+        times.attempts.to_string(),
         f(ms(times.connected)),
         f(first),
         msg_name(report.first_type).into(),
@@ -700,7 +715,7 @@ fn run_kind(k: Kind, args: &ArgsResolved, csv: &mut Csv) -> Result<()> {
             let mut synth = None;
             match sw {
                 SwitchKind::Ovs => {
-                    ovs.set_controller(BRIDGE, &[target.clone()])?;
+                    ovs.set_controller(BRIDGE, std::slice::from_ref(&target))?;
                 }
                 SwitchKind::Synthetic => {
                     let s = SynthSwitch::start(&state.switches[0].netns, c.synth_target()?);
@@ -835,10 +850,12 @@ fn markdown(csv: &Csv, args: &ReconnectArgs, took: Duration, plots: &[PathBuf]) 
             .iter()
             .filter(|r| r[csv.col("zero_rtt")] == "true")
             .count();
+        let retried = sub.iter().filter(|r| r[csv.col("attempts")] != "1").count();
         rows.push(vec![
             k.clone(),
             sw.clone(),
             sub.len().to_string(),
+            retried.to_string(),
             if k.starts_with("quic") {
                 format!("{zero}/{}", sub.len())
             } else {
@@ -855,6 +872,7 @@ fn markdown(csv: &Csv, args: &ReconnectArgs, took: Duration, plots: &[PathBuf]) 
             "transport",
             "switch",
             "repetitions",
+            "needed more than one attempt",
             "resumed in 0-RTT",
             "first message at the controller (RTTs)",
             "(ms, median)",
@@ -863,7 +881,7 @@ fn markdown(csv: &Csv, args: &ReconnectArgs, took: Duration, plots: &[PathBuf]) 
         ],
         &rows,
     );
-    s += "\nMedian in bold, (minimum–maximum) beside it. The first message is OVS's HELLO in every repetition of every transport (column `first_message` of reconnect.csv). OVS's log has millisecond timestamps, so its t0 is up to 1 ms early. Open vSwitch 3.1 notices a completed TCP connect, and messages during connection set-up, only at its next periodic wake-up (every ~500 ms here: `poll_loop` debug logging shows no wake-up on the socket), which the *ovs* rows include; over `quic` OVS's connection is a local unix socket, which connects at once, so its HELLO leaves immediately.\n\n";
+    s += "\nMedian in bold, (minimum–maximum) beside it. The first message is OVS's HELLO in every repetition of every transport (column `first_message` of reconnect.csv). OVS's log has millisecond timestamps, so its t0 is up to 1 ms early. Open vSwitch 3.1 notices a completed TCP connect, and messages during connection set-up, only at its next periodic wake-up (every ~500 ms here: `poll_loop` debug logging shows no wake-up on the socket), which the *ovs* rows include; over `quic` OVS's connection is a local unix socket, which connects at once, so its HELLO leaves immediately. OVS also gives a connection attempt only max(1 s, its backoff) to complete, then logs `connection timed out` and retries after its backoff (1 s, 2 s, …): a TLS handshake that needs several of its wake-ups at this RTT exceeds it, which the `attempts` column of reconnect.csv counts (attempts from t0 until the connection that succeeded).\n\n";
     for p in plots {
         if let Some(n) = p.file_name() {
             s += &format!("![{0}]({0})\n", n.to_string_lossy());

@@ -219,9 +219,13 @@ def reconnect(d):
             if not any(vals):
                 continue
             pos = [j + (i - (len(transports) - 1) / 2) * w for j in range(len(cols))]
-            bp = ax.boxplot(vals, positions=pos, widths=w * 0.85, patch_artist=True, showfliers=True)
+            bp = ax.boxplot(vals, positions=pos, widths=w * 0.85, patch_artist=True, showfliers=False)
             for b in bp["boxes"]:
                 b.set_facecolor(colors.get(t, "grey"))
+            # Every repetition, so narrow distributions stay visible.
+            for p, v in zip(pos, vals):
+                xs = [p + (k % 5 - 2) * w * 0.12 for k in range(len(v))]
+                ax.scatter(xs, v, s=12, color=colors.get(t, "grey"), edgecolor="black", lw=0.4, zorder=3)
             ax.plot([], [], color=colors.get(t, "grey"), lw=6, label=t)
         ax.set_xticks(range(len(cols)))
         ax.set_xticklabels([c[1] for c in cols])

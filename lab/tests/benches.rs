@@ -252,6 +252,7 @@ fn migration_quick_keeps_the_quic_session_and_breaks_the_tcp_one() {
         data_rate: 20_000_000,
         prefix: "qsdnWB7".into(),
         no_plots: false,
+        change: "readdress".into(),
     })
     .expect("migration bench");
     let s = migration::read_summary(dir.path()).expect("summary schema");

@@ -62,12 +62,67 @@ pub struct MigrationArgs {
     /// Skip the PNG.
     #[arg(long)]
     pub no_plots: bool,
+    /// What changes during the outage: `readdress` (the switch namespace's
+    /// control interface gets a new address) or `rebind` (the switch agent
+    /// moves to a new UDP port, as after a NAT rebinding; quic only: OVS's
+    /// TCP connection has no such knob).
+    #[arg(long, default_value = "readdress")]
+    pub change: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    Readdress,
+    Rebind,
+}
+
+impl Change {
+    fn parse(s: &str) -> Result<Change> {
+        match s {
+            "readdress" => Ok(Change::Readdress),
+            "rebind" => Ok(Change::Rebind),
+            other => bail!("--change {other:?}: readdress or rebind"),
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Change::Readdress => format!(
+                "the switch namespace's control interface is re-addressed (10.254.1.2 → {NEW_ADDR})"
+            ),
+            Change::Rebind => "the switch agent moves to a new UDP port (`quicsdn control … rebind`, what a NAT rebinding does to the source port)".into(),
+        }
+    }
+}
+
+/// The switch agent's control socket.
+fn control_socket(prefix: &str) -> PathBuf {
+    PathBuf::from(format!("/run/quicsdn-lab/{prefix}-switch-agent.ctl"))
+}
+
+/// Asks the switch agent to move to a new local port; its new address.
+fn rebind(socket: &Path) -> Result<String> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket)
+        .with_context(|| format!("the switch agent's control socket {}", socket.display()))?;
+    writeln!(s, r#"{{"cmd":"rebind"}}"#)?;
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line)?;
+    let v: serde_json::Value = serde_json::from_str(&line).context("the agent's answer")?;
+    if v["ok"] != true {
+        bail!("the switch agent refused to rebind: {line}");
+    }
+    v["local_addr"]
+        .as_str()
+        .map(str::to_string)
+        .with_context(|| format!("no local_addr in the agent's answer: {line}"))
 }
 
 pub const TIMELINE_HEADER: &[&str] = &["transport", "t_s", "series", "value", "detail"];
 
 pub const SUMMARY_HEADER: &[&str] = &[
     "transport",
+    "change",
     "cut_s",
     "outage_s",
     "polls",
@@ -358,7 +413,10 @@ fn run_one(t: Transport, args: &MigrationArgs, plan: Plan) -> Result<Trace> {
     let via = match t {
         Transport::Tcp => Via::Tcp,
         Transport::Quic => Via::Agents {
-            switch_args: vec![],
+            switch_args: vec![format!(
+                "--control={}",
+                control_socket(&args.prefix).display()
+            )],
             controller_args: vec![],
         },
     };
@@ -446,12 +504,21 @@ fn run_one(t: Transport, args: &MigrationArgs, plan: Plan) -> Result<Trace> {
                         value: 0.0,
                         detail: "down".into(),
                     });
-                    bed.readdress_switch(NEW_ADDR)?;
+                    let detail = match Change::parse(&args.change)? {
+                        Change::Readdress => {
+                            bed.readdress_switch(NEW_ADDR)?;
+                            format!("switch re-addressed to {NEW_ADDR}")
+                        }
+                        Change::Rebind => format!(
+                            "switch agent rebound to {}",
+                            cell(&rebind(&control_socket(&args.prefix))?)
+                        ),
+                    };
                     events.push(Event {
                         t: now(),
                         series: "link",
                         value: 0.0,
-                        detail: format!("switch re-addressed to {NEW_ADDR}"),
+                        detail,
                     });
                     cut = true;
                 }
@@ -659,7 +726,7 @@ fn handle(
 }
 
 /// The numbers of one transport's run, in [`SUMMARY_HEADER`]'s order.
-fn summarize(tr: &Trace, plan: Plan) -> Vec<String> {
+fn summarize(tr: &Trace, plan: Plan, change: &str) -> Vec<String> {
     let cut = tr
         .events
         .iter()
@@ -745,6 +812,7 @@ fn summarize(tr: &Trace, plan: Plan) -> Vec<String> {
     let opt = |x: Option<f64>| x.map_or("-".to_string(), f);
     vec![
         tr.transport.name().into(),
+        change.into(),
         f(cut),
         f(up - cut),
         tr.polls.len().to_string(),
@@ -816,6 +884,11 @@ fn timeline_rows(tr: &Trace, csv: &mut Csv) {
 pub fn run(args: MigrationArgs) -> Result<()> {
     crate::cmd::require_root()?;
     let transports = parse_transports(&args.transports)?;
+    if Change::parse(&args.change)? == Change::Rebind && transports.contains(&Transport::Tcp) {
+        bail!(
+            "--change rebind is for quic only: OVS's TCP connection cannot change its port (a NAT rebinding would break it like a re-address); use --transports quic"
+        );
+    }
     let plan = Plan::new(args.quick);
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
@@ -835,7 +908,7 @@ pub fn run(args: MigrationArgs) -> Result<()> {
     let mut summary = Csv::new(SUMMARY_HEADER);
     for tr in &traces {
         timeline_rows(tr, &mut timeline);
-        summary.push(summarize(tr, plan));
+        summary.push(summarize(tr, plan, &args.change));
     }
     timeline.write(&args.out.join("timeline.csv"))?;
     summary.write(&args.out.join("summary.csv"))?;
@@ -862,11 +935,12 @@ fn markdown(
     let get = |row: &[String], col: &str| row[summary.col(col)].clone();
     let mut s = String::from("# Connection migration during a transfer (preprint Fig. 6)\n\n");
     s += &format!(
-        "Generated by `quicsdn-lab bench migration` in {:.0} s. One switch (Open vSwitch 3.1, userspace datapath), two hosts, a benchmark controller that installs the flows between the hosts' ports and polls flow statistics every second; host 1 sends a paced TCP stream ({:.0} Mbit/s) to host 2. Control link: {:?} one-way delay. At {} s the control link goes down and the switch namespace's control interface is re-addressed (10.254.1.2 → {NEW_ADDR}); {} s later the link comes back, within OVS's 5 s inactivity probe. Method and definitions: [docs/benchmarks.md](../../benchmarks.md#bench-migration).\n\n",
+        "Generated by `quicsdn-lab bench migration` in {:.0} s. One switch (Open vSwitch 3.1, userspace datapath), two hosts, a benchmark controller that installs the flows between the hosts' ports and polls flow statistics every second; host 1 sends a paced TCP stream ({:.0} Mbit/s) to host 2. Control link: {:?} one-way delay. At {} s the control link goes down and {}; {} s later the link comes back, within OVS's 5 s inactivity probe. Method and definitions: [docs/benchmarks.md](../../benchmarks.md#bench-migration).\n\n",
         took.as_secs_f64(),
         args.data_rate as f64 / 1e6,
         args.delay,
         plan.cut,
+        Change::parse(&args.change).map_or(String::new(), Change::describe),
         plan.outage
     );
     s += &out::provenance();

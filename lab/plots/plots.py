@@ -1,6 +1,6 @@
 """Plots of quicsdn-lab's benches, in the style of the quicSDN papers' figures.
 
-    python plots.py overhead|delay|table1|model|hol DIR
+    python plots.py overhead|delay|table1|model|hol|migration|reconnect DIR
 
 Reads DIR/<kind>.csv (written by `quicsdn-lab bench <kind>` or `quicsdn-lab model`),
 writes PNGs into DIR and prints their paths, one per line. Only reads and draws:
@@ -182,6 +182,91 @@ def hol(d):
     save(fig, d, "hol.png")
 
 
+def migration(d):
+    data = rows(os.path.join(d, "timeline.csv"))
+    transports = order(r["transport"] for r in data)
+    fig, axes = plt.subplots(4, 1, figsize=(10, 10), sharex=True)
+    for i, t in enumerate(transports):
+        sub = [r for r in data if r["transport"] == t]
+        color = COLORS.get(t)
+        data_bins = [r for r in sub if r["series"] == "data_bytes"]
+        axes[0].plot([float(r["t_s"]) for r in data_bins],
+                     [float(r["value"]) * 8 / 0.1 / 1e6 for r in data_bins], color=color, label=t, lw=1)
+        ctl = [r for r in sub if r["series"] == "control_bytes"]
+        axes[1].plot([float(r["t_s"]) for r in ctl], [float(r["value"]) for r in ctl], color=color, label=t, lw=1)
+        replies = [r for r in sub if r["series"] == "stats_reply"]
+        axes[2].plot([float(r["t_s"]) for r in replies], [float(r["value"]) / MIB for r in replies],
+                     "o-", color=color, label=t, ms=3, lw=1)
+        y = len(transports) - i
+        axes[3].plot([float(r["t_s"]) for r in replies], [y] * len(replies), "|", color=color, ms=12,
+                     label=f"{t}: stats reply")
+        ovs_conn = [float(r["t_s"]) for r in sub if r["series"] == "ovs" and r["detail"].endswith(": connected")]
+        axes[3].plot(ovs_conn, [y + 0.25] * len(ovs_conn), "x", color=color, ms=9,
+                     label=f"{t}: OVS connected")
+        new_conn = [float(r["t_s"]) for r in sub if r["series"] == "controller"]
+        axes[3].plot(new_conn, [y - 0.25] * len(new_conn), "^", color=color, ms=7,
+                     label=f"{t}: controller connection event")
+        link = [r for r in sub if r["series"] == "link"]
+        down = [float(r["t_s"]) for r in link if r["detail"] == "down"]
+        up = [float(r["t_s"]) for r in link if r["detail"] == "up"]
+        for a, b in zip(down, up):
+            for ax in axes:
+                ax.axvspan(a, b, color=color, alpha=0.12)
+    axes[0].set_ylabel("host 1 → host 2\n(Mbit/s per 100 ms)")
+    axes[1].set_ylabel("control link\n(bytes per 100 ms)")
+    axes[2].set_ylabel("flow byte count in\nstats replies (MiB)")
+    axes[3].set_yticks(range(1, len(transports) + 1))
+    axes[3].set_yticklabels(list(reversed(transports)))
+    axes[3].set_ylim(0.4, len(transports) + 0.6)
+    axes[3].set_xlabel("seconds from the start of polling (shaded: control link down, switch re-addressed)")
+    for ax in axes[:3]:
+        ax.legend(fontsize=7, loc="upper left")
+    axes[3].legend(fontsize=6, loc="upper left", ncol=3)
+    axes[0].set_title("connection migration during a transfer (preprint Fig. 6)")
+    save(fig, d, "migration.png")
+
+
+def reconnect(d):
+    data = rows(os.path.join(d, "reconnect.csv"))
+    transports = order(r["transport"] for r in data)
+    cols = [("first_message_rtts", "first message\nat the controller"),
+            ("features_reply_rtts", "FEATURES_REPLY\nat the controller"),
+            ("flow_mod_at_switch_rtts", "FLOW_MOD\nat the switch")]
+    colors = {"quic": COLORS["quic"], "quic-no-0rtt": "#17becf", "tcp": COLORS["tcp"], "tls": COLORS["tls"]}
+    switches = order(r["switch"] for r in data)
+    fig, axes = plt.subplots(1, len(switches), figsize=(7 * len(switches), 4.5), squeeze=False)
+    w = 0.8 / max(1, len(transports))
+    rtt = data[0]["rtt_ms"] if data else "?"
+    for ax, sw in zip(axes[0], switches):
+        for i, t in enumerate(transports):
+            vals = []
+            for c, _ in cols:
+                vals.append([float(r[c]) for r in data
+                             if r["transport"] == t and r["switch"] == sw and r[c] != "-"])
+            if not any(vals):
+                continue
+            pos = [j + (i - (len(transports) - 1) / 2) * w for j in range(len(cols))]
+            bp = ax.boxplot(vals, positions=pos, widths=w * 0.85, patch_artist=True, showfliers=False)
+            for b in bp["boxes"]:
+                b.set_facecolor(colors.get(t, "grey"))
+            # Every repetition, so narrow distributions stay visible.
+            for p, v in zip(pos, vals):
+                xs = [p + (k % 5 - 2) * w * 0.12 for k in range(len(v))]
+                ax.scatter(xs, v, s=12, color=colors.get(t, "grey"), edgecolor="black", lw=0.4, zorder=3)
+            ax.plot([], [], color=colors.get(t, "grey"), lw=6, label=t)
+        ax.set_xticks(range(len(cols)))
+        ax.set_xticklabels([c[1] for c in cols])
+        ax.set_ylabel("time from the switch's new connection (RTTs)")
+        ax.set_title(f"reconnect, switch: {sw}, RTT {rtt} ms")
+        top = max([float(r[c]) for r in data if r["switch"] == sw for c, _ in cols if r[c] != "-"] or [1])
+        if top > 15:
+            ax.set_yscale("log")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    save(fig, d, "reconnect.png")
+
+
 if __name__ == "__main__":
     kind, d = sys.argv[1], sys.argv[2]
-    {"overhead": overhead, "delay": delay, "table1": table1, "model": model, "hol": hol}[kind](d)
+    {"overhead": overhead, "delay": delay, "table1": table1, "model": model, "hol": hol,
+     "migration": migration, "reconnect": reconnect}[kind](d)

@@ -79,6 +79,12 @@ enum Bench {
     /// The agents' overhead settings (coalescing, ACK frequency, zero-length
     /// connection IDs): overhead and delay of each.
     Tuning(quicsdn_lab::bench::tuning::TuningArgs),
+    /// Connection migration during a host-to-host transfer with stats polling
+    /// (preprint Fig. 6): the switch is re-addressed mid-transfer, tcp vs quic.
+    Migration(quicsdn_lab::bench::migration::MigrationArgs),
+    /// Time from OVS's new connection to the first OpenFlow message delivered,
+    /// in RTTs: quic with and without 0-RTT, tcp, tls.
+    Reconnect(quicsdn_lab::bench::reconnect::ReconnectArgs),
 }
 
 #[derive(clap::Args)]
@@ -173,6 +179,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(Bench::Delay(a)) => quicsdn_lab::bench::delay::run(a)?,
         Command::Bench(Bench::Table1(a)) => quicsdn_lab::bench::table1::run(a)?,
         Command::Bench(Bench::Tuning(a)) => quicsdn_lab::bench::tuning::run(a)?,
+        Command::Bench(Bench::Migration(a)) => quicsdn_lab::bench::migration::run(a)?,
+        Command::Bench(Bench::Reconnect(a)) => quicsdn_lab::bench::reconnect::run(a)?,
         Command::Emulate(a) => emulator::cli::emulate(a)?,
         Command::Demo(a) => quicsdn_lab::demo::run(a)?,
         Command::Model(a) => quicsdn_lab::bench::modelcmd::run(a)?,

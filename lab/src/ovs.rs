@@ -364,3 +364,86 @@ impl Ovs {
         a.and(b)
     }
 }
+
+/// One line of `ovs-vswitchd.log`: `2026-11-22T06:41:13.123Z|00042|rconn|INFO|text`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine {
+    /// CLOCK_REALTIME of the line, in ns (OVS writes milliseconds, UTC).
+    pub realtime_ns: u64,
+    pub module: String,
+    pub level: String,
+    pub text: String,
+}
+
+/// Parses one log line; `None` for continuation lines of multi-line messages.
+pub fn parse_log_line(line: &str) -> Option<LogLine> {
+    let mut parts = line.splitn(5, '|');
+    let (ts, _seq, module, level, text) = (
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+    );
+    Some(LogLine {
+        realtime_ns: parse_log_time(ts)?,
+        module: module.to_string(),
+        level: level.to_string(),
+        text: text.to_string(),
+    })
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC) as ns since the Unix epoch.
+fn parse_log_time(ts: &str) -> Option<u64> {
+    let b = ts.as_bytes();
+    if b.len() != 24 || b[4] != b'-' || b[10] != b'T' || b[19] != b'.' || b[23] != b'Z' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| ts.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hh, mm, ss, ms) = (num(11..13)?, num(14..16)?, num(17..19)?, num(20..23)?);
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss;
+    u64::try_from(secs * 1_000_000_000 + ms * 1_000_000).ok()
+}
+
+impl Ovs {
+    /// Every parsed line of `ovs-vswitchd.log` so far.
+    pub fn log_lines(&self) -> Result<Vec<LogLine>> {
+        let p = self.dir.join("ovs-vswitchd.log");
+        let text =
+            std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        Ok(text.lines().filter_map(parse_log_line).collect())
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    use super::*;
+
+    #[test]
+    fn log_lines_parse_with_their_time() {
+        let l = parse_log_line(
+            "2026-11-22T06:41:13.123Z|00042|rconn|INFO|unix:/run/x.sock: connecting...",
+        )
+        .unwrap();
+        // date -u -d 2026-11-22T06:41:13Z +%s = 1795329673
+        assert_eq!(l.realtime_ns, 1_795_329_673_123_000_000);
+        assert_eq!((l.module.as_str(), l.level.as_str()), ("rconn", "INFO"));
+        assert_eq!(l.text, "unix:/run/x.sock: connecting...");
+        assert_eq!(
+            parse_log_line("1970-01-01T00:00:00.001Z|1|a|DBG|x")
+                .unwrap()
+                .realtime_ns,
+            1_000_000
+        );
+        assert!(parse_log_line(" actions=output:2").is_none());
+        assert!(parse_log_line("2026-11-22 06:41:13|1|a|b|c").is_none());
+    }
+}

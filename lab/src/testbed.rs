@@ -334,6 +334,36 @@ impl Testbed {
         self.link.as_ref().expect("set up")
     }
 
+    /// Re-addresses the switch side of the control link, as when a switch's
+    /// interface gets a new address: adds `new` (a /32), removes the link's
+    /// original switch address, and routes the controller side from `new`;
+    /// the controller namespace gets a host route back. Sockets bound to the
+    /// old address keep it and can no longer send.
+    pub fn readdress_switch(&self, new: std::net::Ipv4Addr) -> Result<()> {
+        let spec = &self.link().spec;
+        let (ctl, sw) = names(&self.prefix);
+        let (ctl, sw) = (Netns::named(ctl), Netns::named(sw));
+        let (new, old, peer) = (
+            new.to_string(),
+            spec.sw_addr().to_string(),
+            spec.ctl_addr().to_string(),
+        );
+        let (ctl_if, sw_if) = (spec.ctl_ifname(), spec.sw_ifname());
+        ctl.ip(&["route", "add", &format!("{new}/32"), "dev", &ctl_if])?;
+        sw.ip(&["addr", "add", &format!("{new}/32"), "dev", &sw_if])?;
+        sw.ip(&["addr", "del", &format!("{old}/30"), "dev", &sw_if])?;
+        sw.ip(&[
+            "route",
+            "add",
+            &format!("{peer}/32"),
+            "dev",
+            &sw_if,
+            "src",
+            &new,
+        ])?;
+        Ok(())
+    }
+
     /// Takes the switch's connection and completes the handshake. OVS may drop
     /// its first connection while it applies the rest of its controller settings
     /// and connect again, so a connection that closes during the handshake is

@@ -1,21 +1,21 @@
 //! The `--quick` benches, end to end (root: namespaces, emulated links, real
 //! agents, kcptun, real OVS). They assert delivery, payload counts and CSV
-//! schemas, never speed. Prefixes `qsdnB1`…`qsdnB7`; one bench at a time.
+//! schemas, never speed. Prefixes `qsdnB1`…`qsdnB7`, `qsdnWB7`, `qsdnWB8`; one
+//! bench at a time, also across test binaries and checkouts (`common::serial`).
+
+mod common;
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::time::Duration;
 
 use quicsdn_lab::bench::out::Csv;
 use quicsdn_lab::bench::overhead::{self, OPENFLOW_SIZE, OVSDB_SIZE, OverheadArgs};
 use quicsdn_lab::bench::pair::BenchTransport;
-use quicsdn_lab::bench::{delay, modelcmd, report, table1};
+use quicsdn_lab::bench::{delay, migration, modelcmd, reconnect, report, table1};
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    // SAFETY: geteuid cannot fail.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "the bench tests need root");
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+fn serial() -> common::Serial {
+    common::require_root();
+    common::serial()
 }
 
 fn all_transports() -> Vec<String> {
@@ -252,4 +252,135 @@ fn hol_quick_measures_every_cell_with_real_ovs() {
     assert!(dir.path().join("hol.png").exists());
     let md = std::fs::read_to_string(dir.path().join("hol.md")).unwrap();
     assert!(md.contains("quic (default: safe)") && md.contains("(hol.png)"));
+}
+
+/// The summary row of `transport`, as column name → value.
+fn summary_row(csv: &Csv, transport: &str) -> std::collections::HashMap<String, String> {
+    let row = csv
+        .rows
+        .iter()
+        .find(|r| r[0] == transport)
+        .unwrap_or_else(|| panic!("no summary row for {transport}"));
+    csv.header
+        .iter()
+        .map(|h| h.to_string())
+        .zip(row.iter().cloned())
+        .collect()
+}
+
+#[test]
+fn migration_quick_keeps_the_quic_session_and_breaks_the_tcp_one() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    migration::run(migration::MigrationArgs {
+        out: dir.path().to_path_buf(),
+        quick: true,
+        transports: "tcp,quic".into(),
+        delay: Duration::from_millis(5),
+        data_rate: 20_000_000,
+        prefix: "qsdnWB7".into(),
+        no_plots: false,
+        change: "readdress".into(),
+    })
+    .expect("migration bench");
+    let s = migration::read_summary(dir.path()).expect("summary schema");
+    assert_eq!(s.rows.len(), 2);
+    let n = |r: &std::collections::HashMap<String, String>, k: &str| -> u64 {
+        r[k].parse().unwrap_or_else(|_| panic!("{k}: {r:?}"))
+    };
+    // quic: the connection migrated; OVS never reconnected, the controller saw
+    // one connection that never closed, and every poll was answered.
+    let q = summary_row(&s, "quic");
+    assert_eq!(n(&q, "ovs_connects_after_cut"), 0, "{q:?}");
+    assert_eq!(n(&q, "controller_connections"), 1, "{q:?}");
+    assert_eq!(n(&q, "controller_disconnects_seen"), 0, "{q:?}");
+    assert_eq!(n(&q, "unanswered_polls"), 0, "{q:?}");
+    assert_eq!(n(&q, "flows_pushed"), 1, "{q:?}");
+    assert!(n(&q, "replies") >= 8, "{q:?}");
+    // tcp: the session broke; OVS reconnected from the new address, the
+    // controller got a second connection and its polls were answered again.
+    let t = summary_row(&s, "tcp");
+    assert!(n(&t, "ovs_connects_after_cut") >= 1, "{t:?}");
+    assert!(n(&t, "controller_connections") >= 2, "{t:?}");
+    assert!(n(&t, "unanswered_polls") >= 1, "{t:?}");
+    assert_ne!(t["back_to_normal_s"], "-", "{t:?}");
+    for r in [&q, &t] {
+        assert!(n(r, "data_bytes") > 0, "{r:?}");
+    }
+    let tl = migration::read_timeline(dir.path()).expect("timeline schema");
+    for tr in ["tcp", "quic"] {
+        for series in [
+            "data_bytes",
+            "control_bytes",
+            "stats_request",
+            "stats_reply",
+        ] {
+            assert!(
+                tl.rows.iter().any(|r| r[0] == tr && r[2] == series),
+                "{tr}: no {series} rows"
+            );
+        }
+        for ev in ["down", "up"] {
+            assert!(
+                tl.rows
+                    .iter()
+                    .any(|r| r[0] == tr && r[2] == "link" && r[4] == ev),
+                "{tr}: no link {ev}"
+            );
+        }
+    }
+    assert!(dir.path().join("migration.png").metadata().unwrap().len() > 1000);
+    assert!(
+        std::fs::read_to_string(dir.path().join("summary.md"))
+            .unwrap()
+            .contains("## quic")
+    );
+}
+
+#[test]
+fn reconnect_quick_delivers_every_first_message_and_resumes_in_0rtt() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    reconnect::run(reconnect::ReconnectArgs {
+        out: dir.path().to_path_buf(),
+        quick: true,
+        transports: "quic,quic-no-0rtt,tcp,tls".into(),
+        reps: 12,
+        switch: "both".into(),
+        rtt: Duration::from_millis(100),
+        prefix: "qsdnWB8".into(),
+        no_plots: true,
+    })
+    .expect("reconnect bench");
+    let csv = reconnect::read(dir.path()).expect("schema");
+    // 4 transports × 2 switches × 2 repetitions.
+    assert_eq!(csv.rows.len(), 16);
+    for r in &csv.rows {
+        let (t, sw) = (&r[csv.col("transport")], &r[csv.col("switch")]);
+        // Every repetition delivered OVS's (or the synthetic switch's) HELLO
+        // first, then the FEATURES_REPLY, and the FLOW_MOD reached the switch.
+        assert_eq!(r[csv.col("first_message")], "HELLO", "{r:?}");
+        let at = |c: &str| -> f64 {
+            r[csv.col(c)]
+                .parse()
+                .unwrap_or_else(|_| panic!("{c}: {r:?}"))
+        };
+        assert!(at("first_message_ms") > 0.0, "{r:?}");
+        assert!(at("features_reply_ms") >= at("first_message_ms"), "{r:?}");
+        assert!(
+            at("flow_mod_at_switch_ms") > at("features_reply_ms") - 1.0,
+            "{r:?}"
+        );
+        let want = match t.as_str() {
+            "quic" => "true",
+            "quic-no-0rtt" => "false",
+            _ => "-",
+        };
+        assert_eq!(r[csv.col("zero_rtt")], want, "{t} {sw}: {r:?}");
+    }
+    assert!(
+        std::fs::read_to_string(dir.path().join("summary.md"))
+            .unwrap()
+            .contains("| tls | synthetic |")
+    );
 }

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use quicsdn_lab::control_link::Impairment;
-use quicsdn_lab::netns::Netns;
 use quicsdn_lab::testbed::{Testbed, TestbedSpec, Via};
 use quicsdn_wire::openflow::HEADER_LEN;
 use quicsdn_wire::openflow::build::{self, msg_type};
@@ -25,28 +24,6 @@ fn switch_address() -> String {
         .as_str()
         .unwrap_or_default()
         .to_string()
-}
-
-/// Moves the switch side of control link 1 from 10.254.1.2 to 10.254.1.6.
-fn readdress(prefix: &str) {
-    let ctl = Netns::named(format!("{prefix}-ctl"));
-    let sw = Netns::named(format!("{prefix}-sw1"));
-    ctl.ip(&["route", "add", "10.254.1.6/32", "dev", "sw1"])
-        .unwrap();
-    sw.ip(&["addr", "add", "10.254.1.6/32", "dev", "ctl"])
-        .unwrap();
-    sw.ip(&["addr", "del", "10.254.1.2/30", "dev", "ctl"])
-        .unwrap();
-    sw.ip(&[
-        "route",
-        "add",
-        "10.254.1.1/32",
-        "dev",
-        "ctl",
-        "src",
-        "10.254.1.6",
-    ])
-    .unwrap();
 }
 
 #[test]
@@ -81,7 +58,7 @@ fn readdressing_the_switch_migrates_without_reconnecting_or_losing_anything() {
     let mut moved = None;
     for seq in 0..400u32 {
         if seq == 150 {
-            readdress(prefix);
+            bed.readdress_switch("10.254.1.6".parse().unwrap()).unwrap();
             moved = Some(start.elapsed());
         }
         c.send(&build::echo_request(seq, &seq.to_be_bytes()))

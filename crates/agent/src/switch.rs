@@ -262,7 +262,7 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
                 inner.state.send_replace(LinkState::Up(link.clone()));
                 let started = tokio::time::Instant::now();
                 let reason = tokio::select! {
-                    r = link.serve() => r,
+                    r = link.clone().serve() => r,
                     _ = shutdown.wait() => return,
                 };
                 inner.state.send_replace(LinkState::Down);
@@ -282,8 +282,12 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
                 }
                 // Reconnect at once after a connection that lived a while, or whose
                 // 0-RTT was rejected; a connection dropped straight after its
-                // handshake waits like a failure.
-                if started.elapsed() > Duration::from_secs(2)
+                // handshake waits like a failure. So does a 0-RTT attempt whose
+                // handshake never completed (the controller agent unreachable):
+                // retrying those at once would spend a session ticket every few
+                // seconds of an outage, and the first reconnect after it would
+                // find none left.
+                if (started.elapsed() > Duration::from_secs(2) && link.is_confirmed())
                     || inner.zero_rtt_rejected.load(Ordering::Relaxed)
                 {
                     continue;

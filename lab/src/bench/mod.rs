@@ -6,6 +6,9 @@
 //!   emulated control link, comparing tcp, tls, quic, quic rr:16 and kcptun;
 //!   [`model`] is the papers' analytical model; [`report`] gathers results.
 //! * [`hol`]: head-of-line blocking with real OVS (tcp, quic ordered, quic safe).
+//! * [`migration`], [`reconnect`]: issue 6's measurements with real OVS: the
+//!   control session across a re-addressed switch, and the time to the first
+//!   OpenFlow message after a reconnect.
 //!
 //! Shared pieces: [`pair`] (two namespaces, one emulated link, one transport),
 //! [`synth`] (the synthetic switch and controller programs), [`cell`] (one
@@ -14,11 +17,13 @@
 pub mod cell;
 pub mod delay;
 pub mod hol;
+pub mod migration;
 pub mod model;
 pub mod modelcmd;
 pub mod out;
 pub mod overhead;
 pub mod pair;
+pub mod reconnect;
 pub mod relay;
 pub mod report;
 pub mod synth;

@@ -1,6 +1,7 @@
 //! `quicsdn-lab report`: gathers the latest results of every bench under one
-//! directory (`overhead/`, `tuning/`, `delay/`, `table1/`, `model/`, `hol/`, as `quicsdn-lab bench …
-//! --out DIR/NAME` and `quicsdn-lab model --out DIR/model` write them) into
+//! directory (`overhead/`, `tuning/`, `delay/`, `table1/`, `model/`, `hol/`,
+//! `migration/`, `reconnect/`, as `quicsdn-lab bench … --out DIR/NAME` and
+//! `quicsdn-lab model --out DIR/model` write them) into
 //! `DIR/README.md`, with the targets of issue 4 evaluated from the CSVs.
 
 use std::fmt::Write as _;
@@ -9,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Result, bail};
 
 use crate::bench::out::md_table;
-use crate::bench::{delay, hol, overhead, table1};
+use crate::bench::{delay, hol, migration, overhead, reconnect, table1};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ReportArgs {
@@ -18,13 +19,15 @@ pub struct ReportArgs {
     pub results: PathBuf,
 }
 
-const PARTS: [(&str, &str); 6] = [
+const PARTS: [(&str, &str); 8] = [
     ("overhead", "overhead.md"),
     ("tuning", "tuning.md"),
     ("delay", "delay.md"),
     ("table1", "table1.md"),
     ("model", "model.md"),
     ("hol", "hol.md"),
+    ("migration", "summary.md"),
+    ("reconnect", "summary.md"),
 ];
 
 /// Rewrites a part's markdown for inclusion: headings one level down, image
@@ -144,6 +147,12 @@ pub fn run(args: ReportArgs) -> Result<()> {
     }
     if d.join("hol/hol.csv").exists() {
         hol::read(&d.join("hol"))?;
+    }
+    if d.join("migration/summary.csv").exists() {
+        migration::read_summary(&d.join("migration"))?;
+    }
+    if d.join("reconnect/reconnect.csv").exists() {
+        reconnect::read(&d.join("reconnect"))?;
     }
     std::fs::write(d.join("README.md"), s)?;
     println!("wrote {}", d.join("README.md").display());

@@ -191,6 +191,21 @@ impl Reader {
                 Ok(n)
             }
             Reader::Tls(s, conn) => loop {
+                // Plaintext rustls already holds first: the record that ended the
+                // handshake may have carried data too, and the socket may have
+                // nothing more to say for a while.
+                {
+                    let mut c = conn.lock().expect("tls lock");
+                    let before = out.len();
+                    match c.reader().read_to_end(out) {
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e),
+                    }
+                    if out.len() > before {
+                        return Ok(out.len() - before);
+                    }
+                }
                 let n = s.read(&mut buf)?;
                 if n == 0 {
                     return Ok(0);

@@ -489,7 +489,9 @@ fn lab_config(prefix: &str, t: BenchTransport) -> LabConfig {
     cfg
 }
 
-fn tls_sides(state: &LabState) -> Result<(TlsSide, TlsSide)> {
+/// The benchmark controller's TLS server side and a client side, with the
+/// lab's controller certificate.
+pub(crate) fn tls_sides(state: &LabState) -> Result<(TlsSide, TlsSide)> {
     let dir = state.pki_dir.clone().context("no PKI")?;
     let creds = quicsdn_transport::tls::Credentials::load(&quicsdn_transport::tls::TlsFiles {
         ca: dir.join("ca.crt"),

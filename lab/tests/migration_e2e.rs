@@ -1,6 +1,7 @@
-//! Connection migration with real Open vSwitch: the switch namespace's control
-//! interface is re-addressed while the controller exchanges messages with OVS
-//! through the agents. The QUIC connection moves to the new address; OVS never
+//! Connection migration with real Open vSwitch: while the controller exchanges
+//! messages with OVS through the agents, the switch namespace's control
+//! interface is re-addressed, or a NAT in front of the switch rebinds to a new
+//! port. The QUIC connection moves to the new address (RFC 9000 §9); OVS never
 //! reconnects, the controller sees no disconnect, and no message is lost or
 //! duplicated. Needs root.
 
@@ -15,11 +16,14 @@ use quicsdn_wire::openflow::HEADER_LEN;
 use quicsdn_wire::openflow::build::{self, msg_type};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
-const CONTROL: &str = "/run/quicsdn-lab/qsdnM-controller-agent.sock";
+
+fn control_socket(prefix: &str) -> String {
+    format!("/run/quicsdn-lab/{prefix}-controller-agent.sock")
+}
 
 /// The controller agent's view of the switch's address, from its control socket.
-fn switch_address() -> String {
-    let status = control_status(std::path::Path::new(CONTROL));
+fn switch_address(prefix: &str) -> String {
+    let status = control_status(std::path::Path::new(&control_socket(prefix)));
     status["connections"][0]["remote"]
         .as_str()
         .unwrap_or_default()
@@ -28,9 +32,30 @@ fn switch_address() -> String {
 
 #[test]
 fn readdressing_the_switch_migrates_without_reconnecting_or_losing_anything() {
+    migrate_with_traffic(
+        "qsdnM",
+        |bed| bed.readdress_switch("10.254.1.6".parse().unwrap()).unwrap(),
+        "10.254.1.2:",
+        "10.254.1.6:",
+    );
+}
+
+#[test]
+fn a_nat_rebinding_in_front_of_the_switch_migrates_without_reconnecting_or_losing_anything() {
+    migrate_with_traffic(
+        "qsdnN",
+        |bed| bed.nat_rebind_switch(40_001).unwrap(),
+        "10.254.1.2:",
+        "10.254.1.2:40001",
+    );
+}
+
+/// Echo requests every 5 ms through the agents to OVS, 400 in all; `event`
+/// moves the switch's address as the controller agent sees it after 150.
+/// `before` and `after` are prefixes of that address.
+fn migrate_with_traffic(prefix: &str, mut event: impl FnMut(&Testbed), before: &str, after: &str) {
     let _s = serial();
     require_root();
-    let prefix = "qsdnM";
     let bed = Testbed::up(&TestbedSpec {
         prefix: prefix.into(),
         impairment: Impairment {
@@ -39,18 +64,15 @@ fn readdressing_the_switch_migrates_without_reconnecting_or_losing_anything() {
         },
         via: Via::Agents {
             switch_args: vec![],
-            controller_args: vec![format!("--control={CONTROL}")],
+            controller_args: vec![format!("--control={}", control_socket(prefix))],
         },
         hosts: 0,
     })
     .unwrap();
     let mut c = bed.accept_controller(TIMEOUT).unwrap();
     let log = bed.dir.join("controller-agent.log");
-    assert!(
-        switch_address().starts_with("10.254.1.2:"),
-        "{}",
-        switch_address()
-    );
+    let first = switch_address(prefix);
+    assert!(first.starts_with(before), "{first}");
 
     // Echo requests every 5 ms; OVS answers each: 400 before, during and after.
     let start = Instant::now();
@@ -58,7 +80,7 @@ fn readdressing_the_switch_migrates_without_reconnecting_or_losing_anything() {
     let mut moved = None;
     for seq in 0..400u32 {
         if seq == 150 {
-            bed.readdress_switch("10.254.1.6".parse().unwrap()).unwrap();
+            event(&bed);
             moved = Some(start.elapsed());
         }
         c.send(&build::echo_request(seq, &seq.to_be_bytes()))
@@ -96,11 +118,8 @@ fn readdressing_the_switch_migrates_without_reconnecting_or_losing_anything() {
     eprintln!("migration stall: {stall:?}");
     // Nothing reconnected: one connection on each side, the controller agent now
     // sees the switch at its new address, OVS's controller connection is the first.
-    assert!(
-        switch_address().starts_with("10.254.1.6:"),
-        "{}",
-        switch_address()
-    );
+    let now = switch_address(prefix);
+    assert!(now.starts_with(after) && now != first, "{first} -> {now}");
     let switch_log = std::fs::read_to_string(bed.dir.join("switch-agent.log")).unwrap();
     assert_eq!(
         switch_log

@@ -32,6 +32,10 @@ use tokio::sync::{Mutex, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{info, warn};
 
+/// How long a stopping controller agent keeps its closed connections around;
+/// see [`ControllerAgent::shutdown`].
+const CLOSING_WAIT: Duration = Duration::from_millis(200);
+
 /// What the agent keeps per connected switch.
 struct SwitchEntry {
     link: watch::Sender<Option<Arc<Link>>>,
@@ -147,7 +151,15 @@ impl ControllerAgent {
         for e in entries {
             stop_listeners(e.listeners).await;
         }
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
+        // The CONNECTION_CLOSE frames leave at once; this only keeps the
+        // connections in their closing state a little (RFC 9000 §10.2.1: a
+        // closing endpoint answers late packets with another CONNECTION_CLOSE,
+        // for a close that was lost). Not the full 3 × PTO: a restart is
+        // measured by how soon the new agent listens, and Open vSwitch
+        // reconnects one second after losing its controller
+        // (docs/benchmarks.md, "bench storm"). A switch agent whose close was
+        // lost notices at its grace period.
+        let _ = tokio::time::timeout(CLOSING_WAIT, self.inner.endpoint.wait_idle()).await;
     }
 }
 

@@ -6,6 +6,8 @@
 //!   emulated control link, comparing tcp, tls, quic, quic rr:16 and kcptun;
 //!   [`model`] is the papers' analytical model; [`report`] gathers results.
 //! * [`hol`]: head-of-line blocking with real OVS (tcp, quic ordered, quic safe).
+//! * [`storm`]: a controller-agent restart under hundreds of switches
+//!   (reconnect storm, handshake admission control).
 //!
 //! Shared pieces: [`pair`] (two namespaces, one emulated link, one transport),
 //! [`synth`] (the synthetic switch and controller programs), [`cell`] (one
@@ -21,6 +23,7 @@ pub mod overhead;
 pub mod pair;
 pub mod relay;
 pub mod report;
+pub mod storm;
 pub mod synth;
 pub mod table1;
 pub mod tuning;

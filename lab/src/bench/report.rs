@@ -1,5 +1,5 @@
 //! `quicsdn-lab report`: gathers the latest results of every bench under one
-//! directory (`overhead/`, `delay/`, `table1/`, `model/`, as `quicsdn-lab bench …
+//! directory (`overhead/`, `delay/`, `table1/`, `model/`, `storm/`, as `quicsdn-lab bench …
 //! --out DIR/NAME` and `quicsdn-lab model --out DIR/model` write them) into
 //! `DIR/README.md`, with the targets of issue 4 evaluated from the CSVs.
 
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Result, bail};
 
 use crate::bench::out::md_table;
-use crate::bench::{delay, overhead, table1};
+use crate::bench::{delay, overhead, storm, table1};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ReportArgs {
@@ -18,12 +18,13 @@ pub struct ReportArgs {
     pub results: PathBuf,
 }
 
-const PARTS: [(&str, &str); 5] = [
+const PARTS: [(&str, &str); 6] = [
     ("overhead", "overhead.md"),
     ("tuning", "tuning.md"),
     ("delay", "delay.md"),
     ("table1", "table1.md"),
     ("model", "model.md"),
+    ("storm", "storm.md"),
 ];
 
 /// Rewrites a part's markdown for inclusion: headings one level down, image
@@ -140,6 +141,9 @@ pub fn run(args: ReportArgs) -> Result<()> {
     }
     if d.join("table1/table1.csv").exists() {
         table1::read(&d.join("table1"))?;
+    }
+    if d.join("storm/restarts.csv").exists() {
+        storm::read(&d.join("storm"))?;
     }
     std::fs::write(d.join("README.md"), s)?;
     println!("wrote {}", d.join("README.md").display());

@@ -1,8 +1,9 @@
 //! `quicsdn-lab bench storm --quick`: the controller agent (a real `quicsdn
 //! controller` process) restarted twice under 50 switches, each a simulated
-//! Open vSwitch behind a real switch agent, with and without 0-RTT, both with
-//! the default admission control. Asserts outcomes, never timings: every
-//! switch came back after every restart, each completed exactly one OpenFlow
+//! Open vSwitch behind a real switch agent: without 0-RTT and the default
+//! admission control, and with 0-RTT and a cap of 4 handshakes, which
+//! typically refuses some switch agents. Asserts outcomes, never timings: every switch
+//! came back after every restart, each completed exactly one OpenFlow
 //! handshake per restart, the 0-RTT configuration resumed in 0-RTT and the
 //! other did not, and the result files have their schema.
 //!
@@ -52,9 +53,14 @@ fn storm_quick_every_switch_comes_back_and_handshakes_once_per_restart() {
         assert!(num(&restarts, r, "admitted") >= n, "{r:?}");
         let zero_rtt = num(&restarts, r, "zero_rtt_conns");
         if col(&restarts, r, "zero_rtt") == "true" {
-            // Each switch agent resumed with a ticket the previous agent
-            // stored in --session-store.
-            assert_eq!(zero_rtt, n, "{r:?}");
+            // Switch agents resume with tickets the previous agent stored in
+            // --session-store. A refused attempt uses up a ticket too (the
+            // client cannot know it was not processed), so a switch refused
+            // eight times in a row falls back to a full handshake.
+            assert!(zero_rtt >= 1, "{r:?}");
+            if num(&restarts, r, "refused") == 0 {
+                assert_eq!(zero_rtt, n, "{r:?}");
+            }
         } else {
             assert_eq!(zero_rtt, 0, "{r:?}");
         }

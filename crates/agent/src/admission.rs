@@ -21,13 +21,13 @@ use std::time::Duration;
 
 /// Default `--max-handshakes`. Chosen with `quicsdn-lab bench storm`
 /// (docs/benchmarks.md, "bench storm"): a full handshake costs the controller
-/// agent 1.1–1.7 ms of CPU, so 128 under way are about 0.2 s of work, and
-/// storms of 500 and 1,000 switches were as fast with this cap as without
-/// one, while a cap of 32 made refused switch agents retry so often that a
-/// crash restart of 1,000 switches took 15 s instead of about 9 on a loaded
-/// machine. Beyond a few hundred switches reconnecting at once, the cap keeps
-/// the work under way bounded.
-pub const DEFAULT_MAX_HANDSHAKES: usize = 128;
+/// agent 1.1–1.7 ms of CPU, so 1,024 under way are well under a second of work
+/// on two cores, and admitted handshakes finish within Open vSwitch's
+/// one-second wait for the controller's HELLO instead of all slowing down
+/// together. Lower caps engaged in storms of 500–1,000 switches and made them
+/// slower (refused switch agents missed that window more often), so the cap
+/// stays above the storms measured here.
+pub const DEFAULT_MAX_HANDSHAKES: usize = 1024;
 
 /// Counts handshakes in progress and refuses those over the limit.
 #[derive(Debug)]
@@ -124,12 +124,13 @@ pub enum Ended {
 pub const REFUSED_MIN: Duration = Duration::from_millis(200);
 pub const REFUSED_MAX: Duration = Duration::from_millis(800);
 
-/// Default `--reconnect-jitter`: after losing a live connection, a switch
-/// agent waits a random time up to this long before reconnecting. Open vSwitch
-/// reconnects one second after losing a connection that had been up (rconn's
-/// backoff), so a switch agent that is connected again within that second
-/// costs OVS nothing.
-pub const DEFAULT_RECONNECT_JITTER: Duration = Duration::from_millis(500);
+/// Default `--reconnect-jitter`: none. After a controller-agent restart the
+/// fastest recovery measured was every switch agent reconnecting at once:
+/// a closing agent refuses them, they retry within 100–200 ms and are first
+/// in line when the new agent listens. Spreading them over 500 ms made
+/// 1,000 switches miss Open vSwitch's one-second HELLO wait more often (all
+/// back after 4.2 s instead of 2.1 s in most restarts; docs/benchmarks.md).
+pub const DEFAULT_RECONNECT_JITTER: Duration = Duration::ZERO;
 
 /// The switch agent's reconnect policy: OVS-like exponential backoff after
 /// failures, a short jittered one after refusals, a jittered immediate

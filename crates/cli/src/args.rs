@@ -218,9 +218,8 @@ pub struct SwitchArgs {
     pub max_backoff: Option<String>,
     /// After losing a connection that had been up, wait a random time up to this
     /// long before reconnecting, so that the switches of a restarted controller
-    /// agent do not all return in the same instant (OVS itself waits 1s before
-    /// reconnecting, so up to that costs nothing). At most --max-backoff; 0s
-    /// reconnects at once. [default: 500ms]
+    /// agent do not all return in the same instant. At most --max-backoff.
+    /// [default: 0s, reconnect at once; see docs/benchmarks.md, bench storm]
     #[arg(long, value_name = "DURATION")]
     pub reconnect_jitter: Option<String>,
     /// Use zero-length QUIC connection IDs on this side: the controller agent's
@@ -251,7 +250,7 @@ pub struct ControllerArgs {
     /// Handshake admission control: QUIC handshakes under way at once. Attempts
     /// beyond are refused at once (CONNECTION_REFUSED) and the switch agents come
     /// back within a second, so a reconnect storm after a restart is served at the
-    /// pace the CPU allows instead of collapsing. 0: no limit. [default: 128]
+    /// pace the CPU allows instead of collapsing. 0: no limit. [default: 1024]
     #[arg(long, value_name = "N")]
     pub max_handshakes: Option<usize>,
 }

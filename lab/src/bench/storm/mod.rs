@@ -238,7 +238,8 @@ pub struct Steady {
     /// Controller agent CPU (% of one core) while idle with every switch.
     pub ctl_idle_cpu_pct: f64,
     /// This process's RSS growth (switch agents, simulated switches, controller)
-    /// per switch, KiB.
+    /// per switch, KiB: meaningful for the first configuration only, as later
+    /// ones reuse memory the allocator kept from the previous one.
     pub host_kib_per_switch: f64,
 }
 
@@ -917,7 +918,7 @@ fn write_results(dir: &Path, steadies: &[Steady], restarts: &[Restart], stop: St
             "ctl RSS all connected (MiB)",
             "ctl KiB per connection",
             "ctl idle CPU (%)",
-            "bench process KiB per switch",
+            "bench process KiB per switch (first config only)",
         ],
         &rows,
     );

@@ -1,6 +1,6 @@
 """Plots of quicsdn-lab's benches, in the style of the quicSDN papers' figures.
 
-    python plots.py overhead|delay|table1|model|hol|migration|reconnect DIR
+    python plots.py overhead|delay|table1|model|hol|migration|reconnect|storm DIR
 
 Reads DIR/<kind>.csv (written by `quicsdn-lab bench <kind>` or `quicsdn-lab model`),
 writes PNGs into DIR and prints their paths, one per line. Only reads and draws:
@@ -266,7 +266,47 @@ def reconnect(d):
     save(fig, d, "reconnect.png")
 
 
+def storm(d):
+    per_switch = rows(os.path.join(d, "switches.csv"))
+    restarts = rows(os.path.join(d, "restarts.csv"))
+    configs = order(r["config"] for r in restarts)
+    cmap = plt.get_cmap("tab10")
+    color = {c: cmap(i % 10) for i, c in enumerate(configs)}
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+    for c in configs:
+        for k in order(r["restart"] for r in restarts if r["config"] == c):
+            sel = [r for r in per_switch if r["config"] == c and r["restart"] == k]
+            times = sorted(float(r["back_s"]) for r in sel if r["back_s"])
+            if not times:
+                continue
+            n = len(sel)
+            xs = [0.0] + [t for t in times for _ in (0, 1)]
+            ys = [0.0] + [v for i in range(len(times)) for v in (i / n, (i + 1) / n)]
+            label = c if k == "1" else None
+            ax.plot(xs, [100 * y for y in ys], color=color[c], label=label, lw=1.4)
+    ax.axvline(10, color="grey", ls=":", lw=1)
+    ax.set_xlabel("seconds since the controller agent was stopped")
+    ax.set_ylabel("switches back (% of all)")
+    ax.set_title("reconnect storm: OpenFlow handshakes completed again")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    for i, c in enumerate(configs):
+        vals = [r["all_back_s"] for r in restarts if r["config"] == c]
+        for j, v in enumerate(vals):
+            x = i + (j - (len(vals) - 1) / 2) * 0.25
+            if v:
+                bx.bar(x, float(v), 0.22, color=color[c])
+            else:
+                bx.text(x, 0.5, "not all", rotation=90, ha="center", va="bottom", fontsize=7)
+    bx.axhline(10, color="grey", ls=":", lw=1)
+    bx.set_xticks(range(len(configs)))
+    bx.set_xticklabels(configs, rotation=30, ha="right", fontsize=8)
+    bx.set_ylabel("every switch back (s), each restart")
+    bx.set_title("time until all are back (target 10 s)")
+    save(fig, d, "storm.png")
+
+
 if __name__ == "__main__":
     kind, d = sys.argv[1], sys.argv[2]
     {"overhead": overhead, "delay": delay, "table1": table1, "model": model, "hol": hol,
-     "migration": migration, "reconnect": reconnect}[kind](d)
+     "migration": migration, "reconnect": reconnect, "storm": storm}[kind](d)

@@ -66,6 +66,10 @@ enum Bench {
     /// Head-of-line blocking with real OVS: echo RTT during a stats storm, and
     /// PACKET_IN delay, over tcp, quic ordered and quic safe.
     Hol(quicsdn_lab::bench::hol::HolArgs),
+    /// Reconnect storm: restart the controller agent under hundreds of switches;
+    /// time until every switch is back, with and without 0-RTT and admission
+    /// control, and the controller agent's CPU and memory per connection.
+    Storm(quicsdn_lab::bench::storm::StormArgs),
     /// Emulator capacity: UDP blasted both ways through an unimpaired link; prints
     /// frames/s per direction and forwarder CPU time per frame.
     Emulator(emulator::bench::BenchOpts),
@@ -174,6 +178,7 @@ fn run(cli: Cli) -> Result<()> {
         },
         Command::Bench(Bench::Relay(a)) => quicsdn_lab::bench::relay::run(a)?,
         Command::Bench(Bench::Hol(a)) => quicsdn_lab::bench::hol::run(a)?,
+        Command::Bench(Bench::Storm(a)) => quicsdn_lab::bench::storm::run(a)?,
         Command::Bench(Bench::Emulator(o)) => emulator::bench::run(o)?,
         Command::Bench(Bench::Overhead(a)) => quicsdn_lab::bench::overhead::run(a)?,
         Command::Bench(Bench::Delay(a)) => quicsdn_lab::bench::delay::run(a)?,

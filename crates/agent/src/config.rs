@@ -192,6 +192,10 @@ pub struct SwitchConfig {
     pub bind: Option<SocketAddr>,
     /// Longest wait between reconnection attempts.
     pub max_backoff: Duration,
+    /// `--reconnect-jitter`: after losing a connection that had been up, wait
+    /// a random time up to this long before reconnecting, so that the switches
+    /// of a restarted controller agent do not all return in the same instant.
+    pub reconnect_jitter: Duration,
     pub common: CommonConfig,
 }
 
@@ -202,6 +206,12 @@ impl SwitchConfig {
             return Err(ConfigError::Invalid(
                 "--max-backoff must be at least 100ms".into(),
             ));
+        }
+        if self.reconnect_jitter > self.max_backoff {
+            return Err(ConfigError::Invalid(format!(
+                "--reconnect-jitter ({:?}) must not exceed --max-backoff ({:?})",
+                self.reconnect_jitter, self.max_backoff
+            )));
         }
         Ok(())
     }
@@ -217,6 +227,9 @@ pub struct ControllerConfig {
     /// `--session-store`: a file keeping TLS sessions (0-RTT tickets) across
     /// restarts; in memory only without it.
     pub session_store: Option<std::path::PathBuf>,
+    /// `--max-handshakes`: QUIC handshakes under way at once; connection
+    /// attempts beyond are refused (see [`crate::admission`]). 0: no limit.
+    pub max_handshakes: usize,
     pub common: CommonConfig,
 }
 
@@ -289,6 +302,7 @@ mod tests {
             listen: "0.0.0.0:6653".parse().unwrap(),
             relaxed_flow_mods: false,
             session_store: None,
+            max_handshakes: crate::admission::DEFAULT_MAX_HANDSHAKES,
             common: common(&[
                 "openflow=tcp:127.0.0.1:6653",
                 "ovsdb=punix:/run/q/{switch}.sock",
@@ -309,5 +323,24 @@ mod tests {
             ..ok
         };
         assert!(dup.validate().unwrap_err().to_string().contains("twice"));
+    }
+
+    #[test]
+    fn reconnect_jitter_stays_within_the_backoff() {
+        let mut sw = SwitchConfig {
+            controller: "ctl:6653".into(),
+            server_name: "ctl".into(),
+            bind: None,
+            max_backoff: Duration::from_secs(8),
+            reconnect_jitter: crate::admission::DEFAULT_RECONNECT_JITTER,
+            common: common(&["openflow=punix:/run/of.sock"]),
+        };
+        sw.validate().unwrap();
+        sw.reconnect_jitter = Duration::from_secs(9);
+        let e = sw.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("--reconnect-jitter") && e.contains("--max-backoff"),
+            "{e}"
+        );
     }
 }

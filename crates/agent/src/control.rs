@@ -84,6 +84,10 @@ pub struct Status {
     pub role: String,
     pub local_addr: SocketAddr,
     pub connections: Vec<ConnectionStatus>,
+    /// (controller agent) handshake admission control: `--max-handshakes`,
+    /// handshakes under way, attempts admitted and refused since the start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<crate::admission::AdmissionStats>,
 }
 
 /// A future a [`Handler`] returns.
@@ -169,6 +173,7 @@ mod tests {
                     role: "switch".into(),
                     local_addr: "127.0.0.1:1".parse().unwrap(),
                     connections: vec![],
+                    admission: None,
                 }
             })
         }

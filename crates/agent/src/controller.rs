@@ -11,6 +11,7 @@
 //! connection timed out (after a restart or a path change), the new connection
 //! replaces the old one, which is closed with `SUPERSEDED`.
 
+use crate::admission::{Admission, Permit};
 use crate::config::{ConfigError, ControllerConfig};
 use crate::link::Link;
 use crate::services::{Service, ServiceTable};
@@ -31,6 +32,10 @@ use tokio::sync::{Mutex, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{info, warn};
 
+/// How long a stopping controller agent keeps its closed connections around;
+/// see [`ControllerAgent::shutdown`].
+const CLOSING_WAIT: Duration = Duration::from_millis(200);
+
 /// What the agent keeps per connected switch.
 struct SwitchEntry {
     link: watch::Sender<Option<Arc<Link>>>,
@@ -42,6 +47,7 @@ struct Inner {
     services: Arc<ServiceTable>,
     endpoint: Endpoint,
     switches: Mutex<HashMap<Arc<str>, SwitchEntry>>,
+    admission: Arc<Admission>,
 }
 
 /// A running controller agent.
@@ -67,13 +73,16 @@ impl ControllerAgent {
         let endpoint = quic::server_endpoint(config.listen, &creds, &config.common.quic, sessions)?;
         info!(
             listen = %endpoint.local_addr()?, identity = %creds.identity, services = %services.names(),
+            max_handshakes = config.max_handshakes,
             "controller agent listening"
         );
+        let admission = Admission::new(config.max_handshakes);
         let inner = Arc::new(Inner {
             config,
             services,
             endpoint,
             switches: Mutex::new(HashMap::new()),
+            admission,
         });
         let shutdown = Shutdown::new();
         let mut control_task = None;
@@ -142,7 +151,15 @@ impl ControllerAgent {
         for e in entries {
             stop_listeners(e.listeners).await;
         }
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
+        // The CONNECTION_CLOSE frames leave at once; this only keeps the
+        // connections in their closing state a little (RFC 9000 §10.2.1: a
+        // closing endpoint answers late packets with another CONNECTION_CLOSE,
+        // for a close that was lost). Not the full 3 × PTO: a restart is
+        // measured by how soon the new agent listens, and Open vSwitch
+        // reconnects one second after losing its controller
+        // (docs/benchmarks.md, "bench storm"). A switch agent whose close was
+        // lost notices at its grace period.
+        let _ = tokio::time::timeout(CLOSING_WAIT, self.inner.endpoint.wait_idle()).await;
     }
 }
 
@@ -167,6 +184,7 @@ impl control::Handler for Control {
                 role: "controller".into(),
                 local_addr: inner.endpoint.local_addr().unwrap_or(inner.config.listen),
                 connections,
+                admission: Some(inner.admission.stats()),
             }
         })
     }
@@ -178,22 +196,47 @@ impl control::Handler for Control {
 
 async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
     let mut handlers = JoinSet::new();
+    let mut report = tokio::time::interval(Duration::from_secs(1));
+    let mut reported = inner.admission.stats();
     loop {
         tokio::select! {
             incoming = inner.endpoint.accept() => match incoming {
-                Some(incoming) => {
-                    handlers.spawn(handle_connection(inner.clone(), incoming));
-                }
+                // Handshake admission control (crate::admission): over the
+                // limit, refuse at once (RFC 9000 §20.1 CONNECTION_REFUSED)
+                // rather than let every handshake slow all the others down.
+                Some(incoming) => match inner.admission.try_admit() {
+                    Some(permit) => {
+                        handlers.spawn(handle_connection(inner.clone(), incoming, permit));
+                    }
+                    None => incoming.refuse(),
+                },
                 None => break,
             },
             Some(_) = handlers.join_next(), if !handlers.is_empty() => {}
+            _ = report.tick() => {
+                // One line per second at most, not one per refusal.
+                let now = inner.admission.stats();
+                if now.refused > reported.refused {
+                    info!(
+                        refused = now.refused - reported.refused,
+                        admitted = now.admitted - reported.admitted,
+                        in_flight = now.in_flight,
+                        max_handshakes = now.max_handshakes,
+                        "admission control refused connection attempts over --max-handshakes; those switch agents retry shortly"
+                    );
+                }
+                reported = now;
+            }
             _ = shutdown.wait() => break,
         }
     }
     handlers.shutdown().await;
 }
 
-async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming) {
+/// Serves one switch agent's connection. `permit` counts its handshake
+/// against `--max-handshakes` until the handshake has completed or failed.
+async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit: Permit) {
+    let mut permit = Some(permit);
     let remote = incoming.remote_address();
     let connecting = match incoming.accept() {
         Ok(c) => c,
@@ -221,6 +264,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming) {
         }
         Some(done) => {
             done.await;
+            drop(permit.take());
             if let Some(e) = conn.close_reason() {
                 return handshake_failed(remote, &e);
             }
@@ -237,6 +281,11 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming) {
         return;
     };
     let switch: Arc<str> = switch.into();
+    // A full handshake has completed here; a resumed one holds its permit
+    // until it completes, below.
+    if early.is_none() {
+        drop(permit.take());
+    }
     let link = Link::new(
         conn.clone(),
         switch.clone(),
@@ -259,6 +308,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming) {
             }
             _ = done => {}
         }
+        drop(permit.take());
         if let Some(e) = conn.close_reason() {
             info!(switch = %switch, %remote, "a 0-RTT connection failed its handshake: {e}");
             return;

@@ -3,9 +3,11 @@
 //! Layering: [`config`] says what to do; [`services`] resolves it; [`link`] runs
 //! one QUIC connection (hello, lanes, session assembly); [`session`] joins one
 //! local connection to its lanes; [`switch`] and [`controller`] own the QUIC
-//! endpoint, local listeners and reconnection; [`control`] is the operators'
-//! control socket.
+//! endpoint, local listeners and reconnection; [`admission`] caps the
+//! controller agent's concurrent handshakes and says how a switch agent waits
+//! before reconnecting; [`control`] is the operators' control socket.
 
+pub mod admission;
 pub mod config;
 pub mod control;
 pub mod controller;

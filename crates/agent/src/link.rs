@@ -230,6 +230,13 @@ impl Link {
                     replay: preread,
                 };
             }
+            // Refused by admission control before the handshake: nothing arrived.
+            Err(quinn::WriteError::ConnectionLost(e)) if crate::switch::is_refusal(&e) => {
+                return Outcome::Retry {
+                    local,
+                    replay: preread,
+                };
+            }
             Err(e) => {
                 info!(
                     switch = %self.switch, service = %service.name, session = id,

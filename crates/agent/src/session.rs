@@ -326,6 +326,13 @@ pub async fn run(
         Direction::ToController => Direction::ToSwitch,
     };
     let inbound = Inbound::new(service.framing, service.max_message, info.mode, received);
+    let refused = {
+        let conn = conn.clone();
+        move || {
+            conn.close_reason()
+                .is_some_and(|e| crate::switch::is_refusal(&e))
+        }
+    };
     let lane_opener = LaneOpener {
         conn,
         session: info.id,
@@ -388,15 +395,18 @@ pub async fn run(
             debug!(switch = %info.switch, service = %service.name, session = info.id, direction, "direction ended");
         }
     }
-    let rejected = matches!(first_failure, Some((_, End::ZeroRttRejected)));
+    // A refused connection (admission control) never reached the controller
+    // agent's application: like a rejected 0-RTT, nothing sent early arrived.
+    let rejected = matches!(first_failure, Some((_, End::ZeroRttRejected))) || refused();
     if rejected
         && counts.bytes_in == 0
         && let (Some(rd), Some(wr), Some(replay)) = (rd, wr, replay)
     {
         info!(
             switch = %info.switch, service = %service.name, session = info.id,
-            "the {} rejected 0-RTT; the session starts again on the next connection",
-            info.remote_name
+            "the {} {}; the session starts again on the next connection",
+            info.remote_name,
+            if refused() { "refused the connection" } else { "rejected 0-RTT" }
         );
         return Outcome::Retry {
             local: (rd, wr),

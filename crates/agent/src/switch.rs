@@ -11,13 +11,13 @@
 //! reconnects by itself with OVS-like exponential backoff and jitter (up to
 //! `max_backoff`, 8 s by default).
 
+use crate::admission::{Ended, Reconnect};
 use crate::config::SwitchConfig;
 use crate::link::Link;
 use crate::services::{Service, ServiceTable};
 use crate::session::{Handshake, Outcome};
 use crate::{AgentError, Shutdown, control};
 use bytes::Bytes;
-use quicsdn_transport::backoff::Backoff;
 use quicsdn_transport::local::{LocalListener, LocalStream};
 use quicsdn_transport::target::Target;
 use quicsdn_transport::tls::Credentials;
@@ -53,6 +53,9 @@ struct Inner {
     /// The controller agent rejected our last 0-RTT attempt: reconnect at once,
     /// with a full handshake.
     zero_rtt_rejected: AtomicBool,
+    /// The controller agent refused our last attempt (admission control): it is
+    /// up, so OVS's connections wait for the next attempt instead of closing.
+    refused: AtomicBool,
 }
 
 /// A running switch agent.
@@ -103,6 +106,7 @@ impl SwitchAgent {
             state,
             kick: Notify::new(),
             zero_rtt_rejected: AtomicBool::new(false),
+            refused: AtomicBool::new(false),
         });
         let shutdown = Shutdown::new();
         let mut tasks = JoinSet::new();
@@ -220,6 +224,7 @@ impl control::Handler for Control {
                 LinkState::Up(link) if link.is_alive() => vec![control::ConnectionStatus::of(link)],
                 _ => vec![],
             },
+            admission: None,
         };
         Box::pin(async move { status })
     }
@@ -241,16 +246,15 @@ impl control::Handler for Control {
 
 async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
     let cfg = &inner.config;
-    let mut backoff = Backoff::new(Duration::from_secs(1), cfg.max_backoff);
+    let mut reconnect = Reconnect::new(cfg.max_backoff, cfg.reconnect_jitter);
     loop {
         inner.state.send_replace(LinkState::Connecting);
         let attempt = tokio::select! {
             r = connect_once(&inner) => r,
             _ = shutdown.wait() => return,
         };
-        match attempt {
+        let ended = match attempt {
             Ok(link) => {
-                backoff.reset();
                 // A 0-RTT connection learns the server's certificate with the handshake.
                 let controller =
                     identity::of_connection(&link.conn).unwrap_or_else(|| "(resuming)".into());
@@ -265,47 +269,85 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
                     r = link.clone().serve() => r,
                     _ = shutdown.wait() => return,
                 };
+                // A 0-RTT connection is Up before the controller agent has seen
+                // it, so a refusal shows up here.
+                let refused = is_refusal(&reason);
+                inner.refused.store(refused, Ordering::Relaxed);
                 inner.state.send_replace(LinkState::Down);
-                warn!(
-                    switch = %inner.identity,
-                    "connection to the controller agent lost ({reason}); closing OVS's connections"
-                );
-                if superseded(&reason) {
-                    error!(
+                if refused {
+                    info!(switch = %inner.identity, "the controller agent is busy (admission control refused the connection); retrying shortly");
+                    Ended::Refused
+                } else {
+                    warn!(
                         switch = %inner.identity,
-                        "the controller agent took a newer connection with this switch's identity and \
-                         closed this live one. If this repeats, another switch agent with the same \
-                         certificate connects to the same controller agent and the two keep replacing \
-                         each other: give each switch agent its own certificate, or carry both OVS \
-                         controller targets as services of one switch agent"
+                        "connection to the controller agent lost ({reason}); closing OVS's connections"
                     );
-                }
-                // Reconnect at once after a connection that lived a while, or whose
-                // 0-RTT was rejected; a connection dropped straight after its
-                // handshake waits like a failure. So does a 0-RTT attempt whose
-                // handshake never completed (the controller agent unreachable):
-                // retrying those at once would spend a session ticket every few
-                // seconds of an outage, and the first reconnect after it would
-                // find none left.
-                if (started.elapsed() > Duration::from_secs(2) && link.is_confirmed())
-                    || inner.zero_rtt_rejected.load(Ordering::Relaxed)
-                {
-                    continue;
+                    if superseded(&reason) {
+                        error!(
+                            switch = %inner.identity,
+                            "the controller agent took a newer connection with this switch's identity and \
+                             closed this live one. If this repeats, another switch agent with the same \
+                             certificate connects to the same controller agent and the two keep replacing \
+                             each other: give each switch agent its own certificate, or carry both OVS \
+                             controller targets as services of one switch agent"
+                        );
+                    }
+                    // Reconnect soon after a connection that lived a while (within
+                    // --reconnect-jitter), at once after a rejected 0-RTT; a
+                    // connection dropped straight after its handshake waits like a
+                    // failure. So does a 0-RTT attempt whose handshake never
+                    // completed (the controller agent unreachable): retrying those
+                    // at once would spend a session ticket every few seconds of an
+                    // outage, and the first reconnect after it would find none left.
+                    if inner.zero_rtt_rejected.load(Ordering::Relaxed) {
+                        Ended::ZeroRttRejected
+                    } else if started.elapsed() > Duration::from_secs(2) && link.is_confirmed() {
+                        Ended::LostAfterUp
+                    } else {
+                        Ended::Failed
+                    }
                 }
             }
-            Err(e) => {
+            Err(Attempt::Refused) => {
+                inner.refused.store(true, Ordering::Relaxed);
+                inner.state.send_replace(LinkState::Down);
+                info!(switch = %inner.identity, "the controller agent is busy (admission control refused the connection); retrying shortly");
+                Ended::Refused
+            }
+            Err(Attempt::Failed(e)) => {
+                inner.refused.store(false, Ordering::Relaxed);
                 inner.state.send_replace(LinkState::Down);
                 warn!(switch = %inner.identity, "cannot connect to the controller agent at {}: {e}", cfg.controller);
+                Ended::Failed
             }
+        };
+        let delay = reconnect.next_delay(ended, rand::random::<f64>());
+        if delay.is_zero() {
+            continue;
         }
-        let delay = backoff.next_delay(rand::random::<f64>());
-        info!(switch = %inner.identity, "next connection attempt in {:.1}s", delay.as_secs_f64());
+        if ended == Ended::Failed {
+            info!(switch = %inner.identity, "next connection attempt in {:.1}s", delay.as_secs_f64());
+        }
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = inner.kick.notified() => {}
             _ = shutdown.wait() => return,
         }
     }
+}
+
+/// Whether the controller agent refused the connection attempt (QUIC
+/// CONNECTION_REFUSED, RFC 9000 §20.1): it runs, but its handshake admission
+/// control admits no more just now.
+pub(crate) fn is_refusal(e: &quinn::ConnectionError) -> bool {
+    matches!(e, quinn::ConnectionError::ConnectionClosed(c)
+        if c.error_code == quinn::TransportErrorCode::CONNECTION_REFUSED)
+}
+
+/// Why a connection attempt produced no link.
+enum Attempt {
+    Refused,
+    Failed(String),
 }
 
 /// Whether the controller agent closed the connection because a newer one with
@@ -320,17 +362,17 @@ fn superseded(reason: &quinn::ConnectionError) -> bool {
 /// handshake is confirmed in the background ([`confirm_early`]). Otherwise:
 /// handshake, then the hello exchange that confirms the controller agent
 /// accepted us.
-async fn connect_once(inner: &Arc<Inner>) -> Result<Arc<Link>, String> {
+async fn connect_once(inner: &Arc<Inner>) -> Result<Arc<Link>, Attempt> {
     let cfg = &inner.config;
     let addr = tokio::net::lookup_host(cfg.controller.as_str())
         .await
-        .map_err(|e| format!("cannot resolve {}: {e}", cfg.controller))?
+        .map_err(|e| Attempt::Failed(format!("cannot resolve {}: {e}", cfg.controller)))?
         .next()
-        .ok_or_else(|| format!("{} resolves to no address", cfg.controller))?;
+        .ok_or_else(|| Attempt::Failed(format!("{} resolves to no address", cfg.controller)))?;
     let mut connecting = inner
         .endpoint
         .connect(addr, &cfg.server_name)
-        .map_err(|e| format!("cannot start a connection to {addr}: {e}"))?;
+        .map_err(|e| Attempt::Failed(format!("cannot start a connection to {addr}: {e}")))?;
     let new_link = |conn, confirmed| {
         Link::new(
             conn,
@@ -367,19 +409,29 @@ async fn connect_once(inner: &Arc<Inner>) -> Result<Arc<Link>, String> {
         }
     }
     let attempt = async {
-        let conn = connecting
-            .await
-            .map_err(|e| format!("handshake with {addr} failed: {e}"))?;
+        let conn = connecting.await.map_err(|e| {
+            if is_refusal(&e) {
+                Attempt::Refused
+            } else {
+                Attempt::Failed(format!("handshake with {addr} failed: {e}"))
+            }
+        })?;
         let link = new_link(conn, None);
         match link.hello_as_client().await {
             Ok(_) => Ok(link),
-            Err(e) => Err(format!("{addr} closed the connection during setup: {e}")),
+            Err(e) => Err(Attempt::Failed(format!(
+                "{addr} closed the connection during setup: {e}"
+            ))),
         }
     };
     let limit = cfg.common.quic.idle_timeout;
     tokio::time::timeout(limit, attempt)
         .await
-        .unwrap_or_else(|_| Err(format!("no answer from {addr} within {limit:?}")))
+        .unwrap_or_else(|_| {
+            Err(Attempt::Failed(format!(
+                "no answer from {addr} within {limit:?}"
+            )))
+        })
 }
 
 /// The rest of a 0-RTT connection's setup: when the handshake completes, lets
@@ -476,16 +528,21 @@ async fn new_session(inner: Arc<Inner>, service: Arc<Service>, local: LocalStrea
 }
 
 /// The live link, waiting at most for one connection attempt (started now if the
-/// manager is waiting out a backoff).
+/// manager is waiting out a backoff). Attempts the controller agent refused do
+/// not count: it is up and admitting others first, so OVS's connection waits
+/// for the next attempt (OVS's own connection timeout still applies), and no
+/// extra attempt is started, so the switch keeps to its short refusal backoff.
 async fn link_for_session(inner: &Inner) -> Option<Arc<Link>> {
     let mut rx = inner.state.subscribe();
     let mut saw_attempt = false;
     let wait = async {
         loop {
+            let refused = inner.refused.load(Ordering::Relaxed);
             match &*rx.borrow_and_update() {
                 LinkState::Up(link) if link.is_alive() => return Some(link.clone()),
                 LinkState::Up(_) => {}
                 LinkState::Connecting => saw_attempt = true,
+                LinkState::Down if refused => {}
                 LinkState::Down if saw_attempt => return None,
                 LinkState::Down => inner.kick.notify_one(),
             }

@@ -216,6 +216,12 @@ pub struct SwitchArgs {
     /// [default: 8s]
     #[arg(long, value_name = "DURATION")]
     pub max_backoff: Option<String>,
+    /// After losing a connection that had been up, wait a random time up to this
+    /// long before reconnecting, so that the switches of a restarted controller
+    /// agent do not all return in the same instant. At most --max-backoff.
+    /// [default: 0s, reconnect at once; see docs/benchmarks.md, bench storm]
+    #[arg(long, value_name = "DURATION")]
+    pub reconnect_jitter: Option<String>,
     /// Use zero-length QUIC connection IDs on this side: the controller agent's
     /// packets to this switch then carry no connection ID (8 bytes less each).
     #[arg(long)]
@@ -241,6 +247,12 @@ pub struct ControllerArgs {
     /// in memory]
     #[arg(long, value_name = "FILE")]
     pub session_store: Option<PathBuf>,
+    /// Handshake admission control: QUIC handshakes under way at once. Attempts
+    /// beyond are refused at once (CONNECTION_REFUSED) and the switch agents come
+    /// back within a second, so a reconnect storm after a restart is served at the
+    /// pace the CPU allows instead of collapsing. 0: no limit. [default: 1024]
+    #[arg(long, value_name = "N")]
+    pub max_handshakes: Option<usize>,
 }
 
 /// A configuration file: the flags' long names as keys.
@@ -270,11 +282,13 @@ pub struct FileConfig {
     pub server_name: Option<String>,
     pub bind: Option<SocketAddr>,
     pub max_backoff: Option<String>,
+    pub reconnect_jitter: Option<String>,
     pub zero_length_cid: Option<bool>,
     // Controller agent only.
     pub listen: Option<SocketAddr>,
     pub relaxed_flow_mods: Option<bool>,
     pub session_store: Option<PathBuf>,
+    pub max_handshakes: Option<usize>,
 }
 
 impl FileConfig {
@@ -407,10 +421,14 @@ fn host_of(addr: &str) -> &str {
 
 impl SwitchArgs {
     pub fn resolve(self, mut file: FileConfig) -> Result<SwitchConfig> {
-        if file.listen.is_some() || file.relaxed_flow_mods.is_some() || file.session_store.is_some()
+        if file.listen.is_some()
+            || file.relaxed_flow_mods.is_some()
+            || file.session_store.is_some()
+            || file.max_handshakes.is_some()
         {
             bail!(
-                "`listen`, `relaxed-flow-mods` and `session-store` are controller agent settings"
+                "`listen`, `relaxed-flow-mods`, `session-store` and `max-handshakes` are controller \
+                 agent settings"
             );
         }
         let controller = required(self.controller, file.controller.take(), "controller")?;
@@ -427,6 +445,12 @@ impl SwitchArgs {
             "max-backoff",
             Duration::from_secs(8),
         )?;
+        let reconnect_jitter = duration(
+            self.reconnect_jitter,
+            file.reconnect_jitter.take(),
+            "reconnect-jitter",
+            quicsdn_agent::admission::DEFAULT_RECONNECT_JITTER,
+        )?;
         let bind = self.bind.or(file.bind.take());
         let zero_length_cid = self.zero_length_cid || file.zero_length_cid.take().unwrap_or(false);
         let mut common = common(self.common, &mut file)?;
@@ -436,6 +460,7 @@ impl SwitchArgs {
             server_name,
             bind,
             max_backoff,
+            reconnect_jitter,
             common,
         })
     }
@@ -447,10 +472,12 @@ impl ControllerArgs {
             || file.server_name.is_some()
             || file.bind.is_some()
             || file.max_backoff.is_some()
+            || file.reconnect_jitter.is_some()
             || file.zero_length_cid.is_some()
         {
             bail!(
-                "`controller`, `server-name`, `bind`, `max-backoff` and `zero-length-cid` are switch agent settings"
+                "`controller`, `server-name`, `bind`, `max-backoff`, `reconnect-jitter` and \
+                 `zero-length-cid` are switch agent settings"
             );
         }
         let listen = self
@@ -462,6 +489,10 @@ impl ControllerArgs {
             relaxed_flow_mods: self.relaxed_flow_mods
                 || file.relaxed_flow_mods.take().unwrap_or(false),
             session_store: self.session_store.or(file.session_store.take()),
+            max_handshakes: self
+                .max_handshakes
+                .or(file.max_handshakes.take())
+                .unwrap_or(quicsdn_agent::admission::DEFAULT_MAX_HANDSHAKES),
             common: common(self.common, &mut file)?,
         })
     }
@@ -549,6 +580,72 @@ mod tests {
         assert_eq!(cfg.common.services.len(), 2);
         assert_eq!(cfg.common.streams, StreamMode::default());
         assert_eq!(cfg.max_backoff, Duration::from_secs(8));
+        assert_eq!(
+            cfg.reconnect_jitter,
+            quicsdn_agent::admission::DEFAULT_RECONNECT_JITTER
+        );
+    }
+
+    #[test]
+    fn admission_control_and_reconnect_jitter() {
+        let tls = ["--ca=/a", "--cert=/b", "--key=/c"];
+        let ctl = |extra: &[&str]| {
+            let mut a = vec!["controller", "--service=openflow=tcp:127.0.0.1:6653"];
+            a.extend(tls);
+            a.extend(extra);
+            let Command::Controller(args) = parse(&a).command else {
+                panic!()
+            };
+            args.resolve(FileConfig::default())
+        };
+        assert_eq!(
+            ctl(&[]).unwrap().max_handshakes,
+            quicsdn_agent::admission::DEFAULT_MAX_HANDSHAKES
+        );
+        assert_eq!(ctl(&["--max-handshakes=0"]).unwrap().max_handshakes, 0);
+        assert_eq!(
+            ctl(&["--max-handshakes", "200"]).unwrap().max_handshakes,
+            200
+        );
+        let e = Cli::try_parse_from(["quicsdn", "controller", "--max-handshakes=many"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--max-handshakes"), "{e}");
+        let Command::Switch(args) = parse(&[
+            "switch",
+            "--controller=c:1",
+            "--ca=/a",
+            "--cert=/b",
+            "--key=/c",
+            "--service=openflow=punix:/x.sock",
+            "--reconnect-jitter=2s",
+        ])
+        .command
+        else {
+            panic!()
+        };
+        let cfg = args.resolve(FileConfig::default()).unwrap();
+        assert_eq!(cfg.reconnect_jitter, Duration::from_secs(2));
+        let Command::Switch(args) =
+            parse(&["switch", "--controller=c:1", "--reconnect-jitter=soon"]).command
+        else {
+            panic!()
+        };
+        let e = args.resolve(FileConfig::default()).unwrap_err().to_string();
+        assert!(e.contains("--reconnect-jitter"), "{e}");
+        // Each agent's settings are refused in the other's file.
+        let file: FileConfig = toml::from_str("max-handshakes = 8").unwrap();
+        let Command::Switch(args) = parse(&["switch", "--controller=c:1"]).command else {
+            panic!()
+        };
+        let e = args.resolve(file).unwrap_err().to_string();
+        assert!(e.contains("max-handshakes"), "{e}");
+        let file: FileConfig = toml::from_str("reconnect-jitter = \"1s\"").unwrap();
+        let Command::Controller(args) = parse(&["controller"]).command else {
+            panic!()
+        };
+        let e = args.resolve(file).unwrap_err().to_string();
+        assert!(e.contains("reconnect-jitter"), "{e}");
     }
 
     #[test]

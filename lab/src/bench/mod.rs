@@ -9,6 +9,8 @@
 //! * [`migration`], [`reconnect`]: issue 6's measurements with real OVS: the
 //!   control session across a re-addressed switch, and the time to the first
 //!   OpenFlow message after a reconnect.
+//! * [`storm`]: a controller-agent restart under hundreds of switches
+//!   (reconnect storm, handshake admission control).
 //!
 //! Shared pieces: [`pair`] (two namespaces, one emulated link, one transport),
 //! [`synth`] (the synthetic switch and controller programs), [`cell`] (one
@@ -26,6 +28,7 @@ pub mod pair;
 pub mod reconnect;
 pub mod relay;
 pub mod report;
+pub mod storm;
 pub mod synth;
 pub mod table1;
 pub mod tuning;

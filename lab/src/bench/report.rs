@@ -1,7 +1,7 @@
 //! `quicsdn-lab report`: gathers the latest results of every bench under one
 //! directory (`overhead/`, `tuning/`, `delay/`, `table1/`, `model/`, `hol/`,
-//! `migration/`, `reconnect/`, as `quicsdn-lab bench … --out DIR/NAME` and
-//! `quicsdn-lab model --out DIR/model` write them) into
+//! `migration/`, `reconnect/`, `storm/`, as `quicsdn-lab bench … --out DIR/NAME`
+//! and `quicsdn-lab model --out DIR/model` write them) into
 //! `DIR/README.md`, with the targets of issue 4 evaluated from the CSVs.
 
 use std::fmt::Write as _;
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Result, bail};
 
 use crate::bench::out::md_table;
-use crate::bench::{delay, hol, migration, overhead, reconnect, table1};
+use crate::bench::{delay, hol, migration, overhead, reconnect, storm, table1};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ReportArgs {
@@ -19,7 +19,7 @@ pub struct ReportArgs {
     pub results: PathBuf,
 }
 
-const PARTS: [(&str, &str); 8] = [
+const PARTS: [(&str, &str); 9] = [
     ("overhead", "overhead.md"),
     ("tuning", "tuning.md"),
     ("delay", "delay.md"),
@@ -28,6 +28,7 @@ const PARTS: [(&str, &str); 8] = [
     ("hol", "hol.md"),
     ("migration", "summary.md"),
     ("reconnect", "summary.md"),
+    ("storm", "storm.md"),
 ];
 
 /// Rewrites a part's markdown for inclusion: headings one level down, image
@@ -153,6 +154,9 @@ pub fn run(args: ReportArgs) -> Result<()> {
     }
     if d.join("reconnect/reconnect.csv").exists() {
         reconnect::read(&d.join("reconnect"))?;
+    }
+    if d.join("storm/restarts.csv").exists() {
+        storm::read(&d.join("storm"))?;
     }
     std::fs::write(d.join("README.md"), s)?;
     println!("wrote {}", d.join("README.md").display());

@@ -62,6 +62,7 @@ pub fn controller_config(pki: &Pki, services: &[String]) -> ControllerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         relaxed_flow_mods: false,
         session_store: None,
+        max_handshakes: quicsdn_agent::admission::DEFAULT_MAX_HANDSHAKES,
         common: common(pki.files("ctl"), services),
     }
 }
@@ -72,6 +73,7 @@ pub fn switch_config(tls: TlsFiles, controller: SocketAddr, services: &[String])
         server_name: "ctl".into(),
         bind: Some("127.0.0.1:0".parse().unwrap()),
         max_backoff: Duration::from_secs(1),
+        reconnect_jitter: Duration::ZERO,
         common: common(tls, services),
     }
 }

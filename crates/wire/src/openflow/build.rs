@@ -198,6 +198,20 @@ pub fn features_request(xid: u32) -> Vec<u8> {
     message(OFP13_VERSION, msg_type::FEATURES_REQUEST, xid, &[])
 }
 
+/// A switch's FEATURES_REPLY (1.3.5 §7.3.1): `datapath_id`, 256 buffers, 254
+/// tables, main connection (auxiliary id 0), flow/table/port statistics.
+pub fn features_reply(xid: u32, datapath_id: u64) -> Vec<u8> {
+    let mut body = Vec::with_capacity(24);
+    body.extend_from_slice(&datapath_id.to_be_bytes());
+    body.extend_from_slice(&256u32.to_be_bytes()); // n_buffers
+    body.push(254); // n_tables
+    body.push(0); // auxiliary_id
+    body.extend_from_slice(&[0; 2]);
+    body.extend_from_slice(&0x7u32.to_be_bytes()); // capabilities
+    body.extend_from_slice(&[0; 4]); // reserved
+    message(OFP13_VERSION, msg_type::FEATURES_REPLY, xid, &body)
+}
+
 pub fn echo_request(xid: u32, data: &[u8]) -> Vec<u8> {
     message(OFP13_VERSION, msg_type::ECHO_REQUEST, xid, data)
 }
@@ -229,6 +243,18 @@ pub fn flow_stats_request(xid: u32) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::openflow::fields;
+
+    #[test]
+    fn features_reply_layout() {
+        let m = features_reply(9, 0x0102_0304_0506_0708);
+        assert_eq!(m.len(), 32);
+        let h = crate::openflow::Header::parse(&m).unwrap();
+        assert_eq!(
+            (h.msg_type, h.length, h.xid),
+            (msg_type::FEATURES_REPLY, 32, 9)
+        );
+        assert_eq!(m[8..16], [1, 2, 3, 4, 5, 6, 7, 8]);
+    }
 
     #[test]
     fn a_built_flow_mod_reads_back() {

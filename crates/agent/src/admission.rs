@@ -1,0 +1,272 @@
+//! Handshake admission control (controller agent) and the reconnect policy that
+//! answers it (switch agent). No I/O and no clock: the agents supply the
+//! random draws and hold the permits.
+//!
+//! After a controller-agent restart every switch agent reconnects at once. A
+//! QUIC server that starts every handshake it is offered shares its CPU among
+//! all of them: each handshake takes as long as the whole storm, the clients'
+//! loss timers fire (quinn's first probe after ~1 s), and retransmitted
+//! Initials add work. The controller agent therefore runs at most
+//! `--max-handshakes` handshakes at once and refuses the others at once with
+//! CONNECTION_REFUSED (RFC 9000 §20.1: "The server refuses to accept a new
+//! connection"), which costs it one small packet and no public-key
+//! cryptography. The refused switch agent comes back after a short random wait
+//! ([`Reconnect`]) instead of waiting out its ordinary backoff; the sessions it
+//! had started in 0-RTT start again on the next connection, so Open vSwitch
+//! notices nothing but the delay.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Default `--max-handshakes`. Chosen with `quicsdn-lab bench storm`
+/// (docs/benchmarks.md, "bench storm"): a full handshake costs the controller
+/// agent 1.1–1.7 ms of CPU, so 1,024 under way are well under a second of work
+/// on two cores, and admitted handshakes finish within Open vSwitch's
+/// one-second wait for the controller's HELLO instead of all slowing down
+/// together. Lower caps engaged in storms of 500–1,000 switches and made them
+/// slower (refused switch agents missed that window more often), so the cap
+/// stays above the storms measured here.
+pub const DEFAULT_MAX_HANDSHAKES: usize = 1024;
+
+/// Counts handshakes in progress and refuses those over the limit.
+#[derive(Debug)]
+pub struct Admission {
+    /// 0: no limit.
+    limit: usize,
+    in_flight: AtomicUsize,
+    admitted: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// A handshake in progress; dropping it makes room for the next one.
+#[derive(Debug)]
+pub struct Permit(Arc<Admission>);
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Counters, for logs and the control socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct AdmissionStats {
+    /// `--max-handshakes` (0: no limit).
+    pub max_handshakes: usize,
+    /// Handshakes under way now.
+    pub in_flight: usize,
+    /// Connection attempts admitted since the agent started.
+    pub admitted: u64,
+    /// Connection attempts refused (CONNECTION_REFUSED) since the agent started.
+    pub refused: u64,
+}
+
+impl Admission {
+    /// `limit` handshakes at once; 0 admits every one.
+    pub fn new(limit: usize) -> Arc<Admission> {
+        Arc::new(Admission {
+            limit,
+            in_flight: AtomicUsize::new(0),
+            admitted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        })
+    }
+
+    /// A permit for one more handshake, or `None` if `limit` are under way.
+    pub fn try_admit(self: &Arc<Self>) -> Option<Permit> {
+        let admitted = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (self.limit == 0 || n < self.limit).then_some(n + 1)
+            })
+            .is_ok();
+        if admitted {
+            self.admitted.fetch_add(1, Ordering::Relaxed);
+            Some(Permit(self.clone()))
+        } else {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+
+    pub fn stats(&self) -> AdmissionStats {
+        AdmissionStats {
+            max_handshakes: self.limit,
+            in_flight: self.in_flight.load(Ordering::Acquire),
+            admitted: self.admitted.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// How a switch agent's connection attempt, or connection, ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// A connection that had lived a while was lost (the controller agent
+    /// restarted, or the path failed for longer than the grace period).
+    LostAfterUp,
+    /// The controller agent refused the attempt (CONNECTION_REFUSED): it runs
+    /// but admits no more handshakes just now.
+    Refused,
+    /// The attempt failed otherwise, or the connection died straight after its
+    /// handshake.
+    Failed,
+    /// The controller agent rejected 0-RTT: connect again at once with a full
+    /// handshake.
+    ZeroRttRejected,
+}
+
+/// Waits after a refusal: drawn from [`REFUSED_MIN`]/2..[`REFUSED_MIN`] at
+/// first, doubling to at most [`REFUSED_MAX`] (or `--max-backoff`). Short,
+/// because a refusal proves the controller agent is up and only busy; random,
+/// so the refused switches do not return in lockstep.
+pub const REFUSED_MIN: Duration = Duration::from_millis(200);
+pub const REFUSED_MAX: Duration = Duration::from_millis(800);
+
+/// Default `--reconnect-jitter`: none. After a controller-agent restart the
+/// fastest recovery measured was every switch agent reconnecting at once:
+/// a closing agent refuses them, they retry within 100–200 ms and are first
+/// in line when the new agent listens. Spreading them over 500 ms made
+/// 1,000 switches miss Open vSwitch's one-second HELLO wait more often (all
+/// back after 4.2 s instead of 2.1 s in most restarts; docs/benchmarks.md).
+pub const DEFAULT_RECONNECT_JITTER: Duration = Duration::ZERO;
+
+/// The switch agent's reconnect policy: OVS-like exponential backoff after
+/// failures, a short jittered one after refusals, a jittered immediate
+/// reconnect after losing a live connection.
+#[derive(Debug, Clone)]
+pub struct Reconnect {
+    failed: quicsdn_transport::backoff::Backoff,
+    refused: quicsdn_transport::backoff::Backoff,
+    jitter: Duration,
+}
+
+impl Reconnect {
+    /// `max_backoff` caps every wait; `jitter` is `--reconnect-jitter`.
+    pub fn new(max_backoff: Duration, jitter: Duration) -> Reconnect {
+        use quicsdn_transport::backoff::Backoff;
+        let cap = |d: Duration| d.min(max_backoff);
+        Reconnect {
+            failed: Backoff::new(cap(Duration::from_secs(1)), max_backoff),
+            refused: Backoff::new(cap(REFUSED_MIN), cap(REFUSED_MAX)),
+            jitter,
+        }
+    }
+
+    /// The wait before the next attempt, given how the last one ended and
+    /// `unit` drawn uniformly from [0, 1).
+    pub fn next_delay(&mut self, ended: Ended, unit: f64) -> Duration {
+        match ended {
+            Ended::LostAfterUp => {
+                self.reset();
+                self.jitter.mul_f64(unit.clamp(0.0, 1.0))
+            }
+            Ended::ZeroRttRejected => Duration::ZERO,
+            Ended::Refused => self.refused.next_delay(unit),
+            Ended::Failed => {
+                self.refused.reset();
+                self.failed.next_delay(unit)
+            }
+        }
+    }
+
+    /// After a connection came up.
+    pub fn reset(&mut self) {
+        self.failed.reset();
+        self.refused.reset();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admits_up_to_the_limit_and_frees_on_drop() {
+        let a = Admission::new(2);
+        let p1 = a.try_admit().unwrap();
+        let p2 = a.try_admit().unwrap();
+        assert!(a.try_admit().is_none());
+        assert!(a.try_admit().is_none());
+        drop(p1);
+        let p3 = a.try_admit().unwrap();
+        assert!(a.try_admit().is_none());
+        drop((p2, p3));
+        assert_eq!(
+            a.stats(),
+            AdmissionStats {
+                max_handshakes: 2,
+                in_flight: 0,
+                admitted: 3,
+                refused: 3
+            }
+        );
+    }
+
+    #[test]
+    fn zero_is_unlimited() {
+        let a = Admission::new(0);
+        let permits: Vec<Permit> = (0..10_000).map(|_| a.try_admit().unwrap()).collect();
+        assert_eq!(a.stats().in_flight, 10_000);
+        assert_eq!(a.stats().refused, 0);
+        drop(permits);
+        assert_eq!(a.stats().in_flight, 0);
+    }
+
+    #[test]
+    fn concurrent_admission_never_exceeds_the_limit() {
+        let a = Admission::new(8);
+        let peak = Arc::new(AtomicUsize::new(0));
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                let (a, peak) = (a.clone(), peak.clone());
+                s.spawn(move || {
+                    for _ in 0..10_000 {
+                        if let Some(p) = a.try_admit() {
+                            peak.fetch_max(a.stats().in_flight, Ordering::Relaxed);
+                            drop(p);
+                        }
+                    }
+                });
+            }
+        });
+        assert!(peak.load(Ordering::Relaxed) <= 8);
+        assert_eq!(a.stats().in_flight, 0);
+        assert_eq!(a.stats().admitted + a.stats().refused, 80_000);
+    }
+
+    fn ms(d: Duration) -> u64 {
+        d.as_millis() as u64
+    }
+
+    #[test]
+    fn refusals_wait_briefly_failures_back_off_like_ovs() {
+        let mut r = Reconnect::new(Duration::from_secs(8), Duration::from_millis(500));
+        // Refused: 200 ms doubling to 800 ms, each wait in [d/2, d].
+        let lows: Vec<u64> = (0..5)
+            .map(|_| ms(r.next_delay(Ended::Refused, 0.0)))
+            .collect();
+        assert_eq!(lows, [100, 200, 400, 400, 400]);
+        assert_eq!(ms(r.next_delay(Ended::Refused, 1.0)), 800);
+        // A failure starts the ordinary backoff at 1 s and resets the refusals'.
+        assert_eq!(ms(r.next_delay(Ended::Failed, 1.0)), 1000);
+        assert_eq!(ms(r.next_delay(Ended::Failed, 1.0)), 2000);
+        assert_eq!(ms(r.next_delay(Ended::Refused, 1.0)), 200);
+        // A lost live connection: a random part of the jitter, and everything resets.
+        assert_eq!(ms(r.next_delay(Ended::LostAfterUp, 0.5)), 250);
+        assert_eq!(ms(r.next_delay(Ended::LostAfterUp, 0.0)), 0);
+        assert_eq!(ms(r.next_delay(Ended::Failed, 1.0)), 1000);
+        assert_eq!(r.next_delay(Ended::ZeroRttRejected, 0.9), Duration::ZERO);
+    }
+
+    #[test]
+    fn max_backoff_caps_every_wait() {
+        let mut r = Reconnect::new(Duration::from_millis(300), Duration::ZERO);
+        for _ in 0..5 {
+            assert!(r.next_delay(Ended::Refused, 1.0) <= Duration::from_millis(300));
+            assert!(r.next_delay(Ended::Failed, 1.0) <= Duration::from_millis(300));
+        }
+        assert_eq!(r.next_delay(Ended::LostAfterUp, 0.7), Duration::ZERO);
+    }
+}

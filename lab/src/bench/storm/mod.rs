@@ -1,0 +1,1007 @@
+//! `quicsdn-lab bench storm`: restart the controller agent while hundreds of
+//! switches are connected, and measure how long until every switch is back.
+//!
+//! ```text
+//!  N simulated OVS ──unix── N real switch agents ══QUIC══ `quicsdn controller` ──tcp── counting
+//!  (sim.rs: rconn timing)   (SwitchAgent, own cert        (separate process,          controller
+//!                            and UDP socket each)          restarted)                 (sim.rs)
+//! ```
+//!
+//! The switch agents are the agent library's [`SwitchAgent`], hosted in this
+//! process on one tokio runtime, each with its own certificate and UDP socket.
+//! The controller agent is a real `quicsdn controller` process, so its CPU time
+//! and memory come from `/proc`. Everything runs on loopback.
+//!
+//! One *restart*: SIGTERM to the controller agent (it closes every connection
+//! with SHUTDOWN), then a new one on the same address. A switch is *back* when
+//! the counting controller has received its FEATURES_REPLY on a new
+//! connection: OVS's connection was closed, OVS reconnected after its own
+//! backoff, and the new OpenFlow session crossed the new QUIC connection.
+//! Measured per restart: the time from the signal until each switch is back,
+//! the new controller agent's CPU seconds and RSS when all are, its admission
+//! counters and 0-RTT connections (control socket), drops at its UDP socket,
+//! and every handshake until the next restart (each switch must handshake once).
+//! Per configuration: the controller agent's memory before any switch and with
+//! all, and its idle CPU.
+//!
+//! A benchmark: it prints and writes numbers and asserts nothing about speed.
+
+pub mod procs;
+pub mod sim;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use quicsdn_agent::admission::{DEFAULT_MAX_HANDSHAKES, DEFAULT_RECONNECT_JITTER};
+use quicsdn_agent::{CommonConfig, ServiceConfig, SwitchAgent, SwitchConfig};
+use quicsdn_transport::tls::TlsFiles;
+
+use crate::agents::quicsdn_binary;
+use crate::bench::out::{self, Csv};
+use crate::pki::Pki;
+use crate::process::{ProcRecord, log_tail, spawn_service};
+use crate::wait::poll_until;
+use sim::{CountingController, Fleet, OvsTiming};
+
+/// The configurations of a full run: without and with 0-RTT, without and with
+/// admission control at its defaults, a cap that engages, and jitter.
+pub const DEFAULT_CONFIGS: &str =
+    "1rtt,1rtt-admission,0rtt,0rtt-admission,1rtt-cap128,1rtt-jitter500ms";
+/// `--quick`: the defaults without 0-RTT, and 0-RTT with a cap that may refuse
+/// some of 50 switches (refused 0-RTT sessions start again on the next
+/// connection).
+pub const QUICK_CONFIGS: &str = "1rtt-admission,0rtt-cap4";
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct StormArgs {
+    /// Where the CSVs, the PNG and the markdown summary go.
+    #[arg(long, default_value = "bench-results/storm")]
+    pub out: PathBuf,
+    /// Switches (each a simulated OVS behind its own switch agent). [default:
+    /// 500; 50 with --quick]
+    #[arg(long)]
+    pub switches: Option<usize>,
+    /// CI size: 50 switches, one restart, two configurations.
+    #[arg(long)]
+    pub quick: bool,
+    /// Comma-separated configurations, each `0rtt` or `1rtt` (0-RTT resumption
+    /// with a --session-store, or --no-zero-rtt) followed by `-admission` (the
+    /// agents' defaults: --max-handshakes=1024, --reconnect-jitter=0s) or by
+    /// `-capN` and/or `-jitterD` (e.g. `1rtt-cap64-jitter1s`); neither means no
+    /// admission control (--max-handshakes=0, --reconnect-jitter=0s).
+    #[arg(long)]
+    pub configs: Option<String>,
+    /// Controller-agent restarts per configuration. [default: 2; 1 with --quick]
+    #[arg(long)]
+    pub restarts: Option<u32>,
+    /// How the controller agent is stopped: `term` (SIGTERM: it closes every
+    /// connection, so the switch agents know at once) or `kill` (SIGKILL, a
+    /// crash: they find out when their grace period runs out).
+    #[arg(long, value_enum, default_value = "term")]
+    pub stop: Stop,
+    /// Give up waiting for the switches after this many seconds per restart.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+    /// Worker threads of the runtime hosting the switch agents.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Skip the PNG plot.
+    #[arg(long)]
+    pub no_plots: bool,
+}
+
+/// How the controller agent is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Stop {
+    Term,
+    Kill,
+}
+
+/// One configuration of the agents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StormConfig {
+    pub name: String,
+    pub zero_rtt: bool,
+    /// `--max-handshakes` (0: no limit).
+    pub max_handshakes: usize,
+    /// `--reconnect-jitter`.
+    pub jitter: Duration,
+}
+
+impl StormConfig {
+    /// Parses `0rtt|1rtt[-admission|-capN|-jitterD]…`.
+    pub fn parse(spec: &str) -> Result<StormConfig> {
+        let bad = |why: String| {
+            anyhow!(
+                "configuration {spec:?}: {why}; expected 0rtt or 1rtt, then -admission, -capN or \
+                 -jitterD (e.g. 0rtt-admission, 1rtt-cap64-jitter1s)"
+            )
+        };
+        let mut parts = spec.split('-');
+        let zero_rtt = match parts.next() {
+            Some("0rtt") => true,
+            Some("1rtt") => false,
+            other => return Err(bad(format!("starts with {other:?}"))),
+        };
+        let mut c = StormConfig {
+            name: spec.to_string(),
+            zero_rtt,
+            max_handshakes: 0,
+            jitter: Duration::ZERO,
+        };
+        for p in parts {
+            if p == "admission" {
+                c.max_handshakes = DEFAULT_MAX_HANDSHAKES;
+                c.jitter = DEFAULT_RECONNECT_JITTER;
+            } else if let Some(n) = p.strip_prefix("cap") {
+                c.max_handshakes = n
+                    .parse()
+                    .map_err(|_| bad(format!("{p:?} is not cap followed by a number")))?;
+            } else if let Some(d) = p.strip_prefix("jitter") {
+                c.jitter = parse_duration(d)
+                    .ok_or_else(|| bad(format!("{p:?}: write the jitter as 500ms or 1s")))?;
+            } else {
+                return Err(bad(format!("unknown part {p:?}")));
+            }
+        }
+        Ok(c)
+    }
+
+    /// The controller agent's options for this configuration.
+    fn controller_args(&self, store: &Path) -> Vec<String> {
+        let mut a = vec![format!("--max-handshakes={}", self.max_handshakes)];
+        if self.zero_rtt {
+            // Without a store the restarted agent no longer knows the tickets.
+            a.push(format!("--session-store={}", store.display()));
+        } else {
+            a.push("--no-zero-rtt".into());
+        }
+        a
+    }
+}
+
+fn parse_duration(s: &str) -> Option<Duration> {
+    if let Some(ms) = s.strip_suffix("ms") {
+        return ms.parse().ok().map(Duration::from_millis);
+    }
+    s.strip_suffix('s')?
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .map(Duration::from_secs_f64)
+}
+
+/// One restart's measurements. Times are seconds after the stop signal.
+#[derive(Debug, Clone)]
+pub struct Restart {
+    pub config: StormConfig,
+    pub index: u32,
+    pub switches: usize,
+    /// The old agent gone; the new one listening.
+    pub dead: f64,
+    pub listening: f64,
+    /// First handshake after the signal, per switch (datapath id 1..=N).
+    pub back: HashMap<u64, f64>,
+    /// Handshakes per switch from the signal until the next restart (or the end).
+    pub handshakes: HashMap<u64, u32>,
+    /// The new controller agent's CPU seconds and RSS (KiB) when every switch
+    /// was back (or at the timeout).
+    pub cpu: f64,
+    pub rss: u64,
+    /// This process's CPU seconds over the same time: the switch agents' side
+    /// of the handshakes (and the simulated switches and controller), which on
+    /// a real network would run on the switches.
+    pub host_cpu: f64,
+    /// CPU seconds of everything else on the machine meanwhile (the old
+    /// controller agent's exit, and other users of a shared machine), and how
+    /// long the restart took, for the cores they occupied.
+    pub other_cpu: f64,
+    pub duration: f64,
+    /// Its admission counters and 0-RTT connections then.
+    pub refused: u64,
+    pub admitted: u64,
+    pub zero_rtt_conns: usize,
+    /// Datagrams dropped at its UDP socket.
+    pub udp_drops: u64,
+    /// The simulated switches' connection attempts, and those that timed out
+    /// waiting for the controller's HELLO.
+    pub ovs_attempts: u64,
+    pub ovs_hello_timeouts: u64,
+}
+
+impl Restart {
+    /// Seconds until every switch was back, if all came back.
+    pub fn all_back(&self) -> Option<f64> {
+        (self.back.len() == self.switches).then(|| self.back.values().copied().fold(0.0, f64::max))
+    }
+
+    fn percentile(&self, p: f64) -> f64 {
+        let mut v: Vec<f64> = self.back.values().copied().collect();
+        v.sort_by(f64::total_cmp);
+        percentile(&v, p)
+    }
+}
+
+/// Per configuration, with every switch connected and idle.
+#[derive(Debug, Clone)]
+pub struct Steady {
+    pub config: StormConfig,
+    pub switches: usize,
+    /// Controller agent RSS before any switch connected, and with all, KiB.
+    pub ctl_rss_empty: u64,
+    pub ctl_rss_full: u64,
+    /// Controller agent CPU (% of one core) while idle with every switch.
+    pub ctl_idle_cpu_pct: f64,
+    /// This process's RSS growth (switch agents, simulated switches, controller)
+    /// per switch, KiB: meaningful for the first configuration only, as later
+    /// ones reuse memory the allocator kept from the previous one.
+    pub host_kib_per_switch: f64,
+}
+
+pub const RESTARTS_CSV: &[&str] = &[
+    "config",
+    "zero_rtt",
+    "max_handshakes",
+    "jitter_ms",
+    "restart",
+    "switches",
+    "back",
+    "all_back_s",
+    "p50_s",
+    "p90_s",
+    "p99_s",
+    "dead_s",
+    "listening_s",
+    "ctl_cpu_s",
+    "ctl_cpu_ms_per_switch",
+    "ctl_rss_kib",
+    "host_cpu_s",
+    "other_cpu_s",
+    "other_cores",
+    "refused",
+    "admitted",
+    "zero_rtt_conns",
+    "udp_drops",
+    "ovs_attempts",
+    "ovs_hello_timeouts",
+];
+pub const SWITCHES_CSV: &[&str] = &["config", "restart", "switch", "back_s", "handshakes"];
+pub const STEADY_CSV: &[&str] = &[
+    "config",
+    "switches",
+    "ctl_rss_empty_kib",
+    "ctl_rss_full_kib",
+    "ctl_kib_per_conn",
+    "ctl_idle_cpu_pct",
+    "host_kib_per_switch",
+];
+
+/// Connections must be older than this before a restart: the switch agent
+/// treats a connection lost within 2 s as a failed attempt, and OVS resets its
+/// backoff to 1 s only for a connection that lived one backoff (1 s). An
+/// experimental condition (every restart starts from the same steady state),
+/// not a readiness check.
+const AGE: Duration = Duration::from_secs(3);
+
+pub fn run(args: StormArgs) -> Result<()> {
+    let switches = args.switches.unwrap_or(if args.quick { 50 } else { 500 });
+    let restarts = args.restarts.unwrap_or(if args.quick { 1 } else { 2 });
+    if switches == 0 || switches > 5000 {
+        bail!("--switches must be between 1 and 5000 (got {switches})");
+    }
+    if restarts == 0 {
+        bail!("--restarts must be at least 1");
+    }
+    if args.threads == 0 {
+        bail!("--threads must be at least 1");
+    }
+    let spec = args.configs.clone().unwrap_or_else(|| {
+        if args.quick {
+            QUICK_CONFIGS
+        } else {
+            DEFAULT_CONFIGS
+        }
+        .to_string()
+    });
+    let configs: Vec<StormConfig> = spec
+        .split(',')
+        .map(|s| StormConfig::parse(s.trim()))
+        .collect::<Result<_>>()?;
+    if configs.is_empty() {
+        bail!("--configs names no configuration");
+    }
+    // Per switch: its agent's UDP socket, unix listener and session, the
+    // simulated switch's socket, the counting controller's TCP connection and
+    // the controller agent's: about 8 descriptors here and there.
+    let limit = procs::raise_fd_limit();
+    let need = switches as u64 * 8 + 256;
+    if limit < need {
+        bail!(
+            "{switches} switches need about {need} open files but the limit is {limit} \
+             (raise it with `ulimit -Hn`)"
+        );
+    }
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let work = tempfile::Builder::new()
+        .prefix("qsdnX-storm-")
+        .tempdir()
+        .context("creating the work directory")?;
+    // QUICSDN_STORM_KEEP=1 keeps the work directory (the agents' logs).
+    let (work_path, _work) = if std::env::var_os("QUICSDN_STORM_KEEP").is_some() {
+        let p = work.keep();
+        println!("keeping {}", p.display());
+        (p, None)
+    } else {
+        (work.path().to_path_buf(), Some(work))
+    };
+    let started = Instant::now();
+    let pki = Pki::create(&work_path.join("pki"))?;
+    for name in std::iter::once("ctl".to_string()).chain((1..=switches).map(|i| format!("sw{i}"))) {
+        pki.issue(&name)?;
+    }
+    println!(
+        "storm: {switches} switches, {} configurations × {restarts} restarts; certificates in {:.1} s",
+        configs.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads)
+        .thread_name("storm-agents")
+        .enable_all()
+        .build()
+        .context("starting the switch agents' runtime")?;
+    let bench = Bench {
+        binary: quicsdn_binary()?,
+        work: work_path.clone(),
+        pki,
+        controller: CountingController::start()?,
+        port: free_udp_port()?,
+        switches,
+        restarts,
+        timeout: Duration::from_secs(args.timeout),
+        quick: args.quick,
+        stop: args.stop,
+    };
+    let mut all_restarts = Vec::new();
+    let mut steadies = Vec::new();
+    for cfg in &configs {
+        let (steady, rs) = bench.run_config(&rt, cfg)?;
+        steadies.push(steady);
+        all_restarts.extend(rs);
+    }
+    write_results(&args.out, &steadies, &all_restarts, args.stop)?;
+    if !args.no_plots {
+        for p in out::plot("storm", &args.out)? {
+            println!("wrote {}", p.display());
+        }
+    }
+    println!("\n{}", summary_table(&steadies, &all_restarts));
+    println!("wrote {}", args.out.display());
+    Ok(())
+}
+
+fn free_udp_port() -> Result<u16> {
+    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Everything one bench run shares.
+struct Bench {
+    binary: PathBuf,
+    work: PathBuf,
+    pki: Pki,
+    controller: CountingController,
+    port: u16,
+    switches: usize,
+    restarts: u32,
+    timeout: Duration,
+    quick: bool,
+    stop: Stop,
+}
+
+/// A running controller agent.
+struct CtlAgent {
+    proc: ProcRecord,
+    log: PathBuf,
+}
+
+impl Bench {
+    fn control_socket(&self) -> PathBuf {
+        self.work.join("ctl.sock")
+    }
+
+    fn tls(&self, name: &str) -> TlsFiles {
+        let pair = self.pki.pair(name);
+        TlsFiles {
+            ca: self.pki.ca_cert(),
+            cert: pair.cert,
+            key: pair.key,
+        }
+    }
+
+    /// Starts a controller agent and waits until it listens (its control
+    /// socket exists once its QUIC endpoint is bound).
+    fn spawn_controller(&self, cfg: &StormConfig, generation: u32) -> Result<CtlAgent> {
+        let log = self.work.join(format!("ctl-{}-{generation}.log", cfg.name));
+        let sock = self.control_socket();
+        // A killed agent may have left it; the agent replaces a stale one anyway.
+        let _ = std::fs::remove_file(&sock);
+        let tls = self.tls("ctl");
+        let mut c = Command::new(&self.binary);
+        c.args(["--log-level=warn", "controller"])
+            .arg(format!("--listen=127.0.0.1:{}", self.port))
+            .arg(format!("--ca={}", tls.ca.display()))
+            .arg(format!("--cert={}", tls.cert.display()))
+            .arg(format!("--key={}", tls.key.display()))
+            .arg(format!("--service=openflow=tcp:{}", self.controller.addr()))
+            .arg(format!("--control={}", sock.display()))
+            .args(cfg.controller_args(&self.work.join(format!("sessions-{}", cfg.name))));
+        let proc = spawn_service("quicsdn controller (storm)", &mut c, &log)?;
+        poll_until(
+            "the controller agent to listen",
+            Duration::from_secs(10),
+            || {
+                if !proc.is_alive() {
+                    bail!("the controller agent exited: {}", log_tail(&log, 5));
+                }
+                Ok(sock.exists().then_some(()))
+            },
+        )?;
+        Ok(CtlAgent { proc, log })
+    }
+
+    /// Asks the controller agent's control socket for its status.
+    fn status(&self) -> Result<serde_json::Value> {
+        let mut s = std::os::unix::net::UnixStream::connect(self.control_socket())
+            .context("connecting to the controller agent's control socket")?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        s.write_all(b"{\"cmd\":\"status\"}\n")?;
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line)?;
+        let v: serde_json::Value = serde_json::from_str(&line).context("control socket answer")?;
+        if v["ok"] != true {
+            bail!("control socket: {v}");
+        }
+        Ok(v)
+    }
+
+    fn switch_config(&self, i: usize, cfg: &StormConfig) -> Result<SwitchConfig> {
+        let sock = self.work.join(format!("sw{i}.sock"));
+        let service = ServiceConfig::parse(&format!("openflow=punix:{}", sock.display()))?;
+        let mut common = CommonConfig::new(self.tls(&format!("sw{i}")), vec![service]);
+        common.quic.zero_rtt = cfg.zero_rtt;
+        Ok(SwitchConfig {
+            controller: format!("127.0.0.1:{}", self.port),
+            server_name: "ctl".into(),
+            bind: Some("127.0.0.1:0".parse().expect("address")),
+            max_backoff: Duration::from_secs(8),
+            reconnect_jitter: cfg.jitter,
+            common,
+        })
+    }
+
+    fn run_config(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        cfg: &StormConfig,
+    ) -> Result<(Steady, Vec<Restart>)> {
+        let n = self.switches;
+        println!(
+            "== {}: 0-RTT {}, --max-handshakes={}, --reconnect-jitter={:?}",
+            cfg.name,
+            if cfg.zero_rtt { "on" } else { "off" },
+            cfg.max_handshakes,
+            cfg.jitter
+        );
+        let _ = std::fs::remove_file(self.work.join(format!("sessions-{}", cfg.name)));
+        let mut ctl = self.spawn_controller(cfg, 0)?;
+        let ctl_rss_empty = procs::status_kib(ctl.proc.pid, "VmRSS").unwrap_or(0);
+        let host_rss0 = procs::status_kib(std::process::id(), "VmRSS").unwrap_or(0);
+        let result = (|| -> Result<(Steady, Vec<Restart>)> {
+            // Switch agents in batches, each connected before the next, so the
+            // first connections are not themselves a storm.
+            let mut agents = Vec::with_capacity(n);
+            for batch in (1..=n).collect::<Vec<_>>().chunks(50) {
+                let started: Vec<SwitchAgent> = rt.block_on(async {
+                    let mut v = Vec::new();
+                    for &i in batch {
+                        v.push(SwitchAgent::start(self.switch_config(i, cfg)?).await?);
+                    }
+                    Ok::<_, anyhow::Error>(v)
+                })?;
+                for a in &started {
+                    if !rt.block_on(a.wait_connected(Duration::from_secs(60))) {
+                        bail!("switch agent {} did not connect", a.identity());
+                    }
+                }
+                agents.extend(started);
+            }
+            let fleet = Fleet::start(
+                (1..=n)
+                    .map(|i| (self.work.join(format!("sw{i}.sock")), i as u64))
+                    .collect(),
+                OvsTiming::default(),
+            )?;
+            let outcome = self.measure(cfg, &mut ctl, &fleet, ctl_rss_empty, host_rss0);
+            drop(fleet);
+            rt.block_on(async {
+                let mut set = tokio::task::JoinSet::new();
+                for a in agents {
+                    set.spawn(a.shutdown());
+                }
+                while set.join_next().await.is_some() {}
+            });
+            outcome
+        })();
+        let _ = ctl.proc.terminate(Duration::from_secs(10));
+        result
+    }
+
+    fn wait_all_live(&self, limit: Duration) -> Result<()> {
+        let n = self.switches;
+        poll_until("every switch to be connected", limit, || {
+            Ok((self.controller.live() >= n).then_some(()))
+        })
+        .with_context(|| format!("{} of {n} switches connected", self.controller.live()))
+    }
+
+    fn measure(
+        &self,
+        cfg: &StormConfig,
+        ctl: &mut CtlAgent,
+        fleet: &Fleet,
+        ctl_rss_empty: u64,
+        host_rss0: u64,
+    ) -> Result<(Steady, Vec<Restart>)> {
+        let n = self.switches;
+        let t = Instant::now();
+        self.wait_all_live(Duration::from_secs(120))?;
+        println!(
+            "all {n} switches connected {:.1} s after their OVS started",
+            t.elapsed().as_secs_f64()
+        );
+        // Idle with every switch: CPU over a window, then memory.
+        let window = if self.quick {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_secs(5)
+        };
+        let c0 = procs::cpu_seconds(ctl.proc.pid).unwrap_or(0.0);
+        std::thread::sleep(window);
+        let c1 = procs::cpu_seconds(ctl.proc.pid).unwrap_or(0.0);
+        let ctl_rss_full = procs::status_kib(ctl.proc.pid, "VmRSS").unwrap_or(0);
+        let host_rss = procs::status_kib(std::process::id(), "VmRSS").unwrap_or(0);
+        let steady = Steady {
+            config: cfg.clone(),
+            switches: n,
+            ctl_rss_empty,
+            ctl_rss_full,
+            ctl_idle_cpu_pct: 100.0 * (c1 - c0) / window.as_secs_f64(),
+            host_kib_per_switch: host_rss.saturating_sub(host_rss0) as f64 / n as f64,
+        };
+        println!(
+            "idle: controller agent {:.1} MiB with {n} connections ({:.1} MiB empty, {:.1} KiB per connection), {:.1} % CPU",
+            ctl_rss_full as f64 / 1024.0,
+            ctl_rss_empty as f64 / 1024.0,
+            (ctl_rss_full.saturating_sub(ctl_rss_empty)) as f64 / n as f64,
+            steady.ctl_idle_cpu_pct
+        );
+        let mut restarts = Vec::new();
+        let mut starts = Vec::new();
+        for index in 1..=self.restarts {
+            let (r, t0) = self.restart(cfg, ctl, fleet, index)?;
+            print_restart(&r);
+            restarts.push(r);
+            starts.push(t0);
+            self.wait_all_live(self.timeout)?;
+            std::thread::sleep(AGE);
+        }
+        // Handshakes per switch from each restart's signal to the next one's.
+        starts.push(self.controller.now());
+        let hs = self.controller.handshakes();
+        for (i, r) in restarts.iter_mut().enumerate() {
+            let (from, to) = (starts[i], starts[i + 1]);
+            for h in hs.iter().filter(|h| h.at >= from && h.at < to) {
+                *r.handshakes.entry(h.dpid).or_default() += 1;
+            }
+        }
+        Ok((steady, restarts))
+    }
+
+    /// Restarts the controller agent and waits for every switch to be back.
+    /// Returns the measurements and the signal's time on the controller's clock.
+    fn restart(
+        &self,
+        cfg: &StormConfig,
+        ctl: &mut CtlAgent,
+        fleet: &Fleet,
+        index: u32,
+    ) -> Result<(Restart, Duration)> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let n = self.switches;
+        let attempts0 = fleet.stats.attempts.load(Relaxed);
+        let timeouts0 = fleet.stats.hello_timeouts.load(Relaxed);
+        let since = |t0: Duration| (self.controller.now() - t0).as_secs_f64();
+        let host0 = procs::cpu_seconds(std::process::id()).unwrap_or(0.0);
+        let machine0 = procs::machine_busy_seconds();
+        let t0 = self.controller.now();
+        match self.stop {
+            // The agent closes every connection with SHUTDOWN and exits.
+            Stop::Term => ctl.proc.terminate(Duration::from_secs(10))?,
+            Stop::Kill => {
+                if ctl.proc.is_alive() {
+                    // SAFETY: kill has no memory-safety preconditions;
+                    // is_alive checked the PID against its start time.
+                    unsafe { libc::kill(ctl.proc.pid as libc::pid_t, libc::SIGKILL) };
+                }
+                poll_until(
+                    "the controller agent to die",
+                    Duration::from_secs(10),
+                    || Ok((!ctl.proc.is_alive()).then_some(())),
+                )?;
+            }
+        }
+        // The last of a killed process's threads may hold the socket a little
+        // longer than its main thread lives.
+        poll_until(
+            "the controller agent's UDP port to be free",
+            Duration::from_secs(10),
+            || {
+                Ok(std::net::UdpSocket::bind(("127.0.0.1", self.port))
+                    .is_ok()
+                    .then_some(()))
+            },
+        )?;
+        let dead = since(t0);
+        *ctl = self.spawn_controller(cfg, index)?;
+        let listening = since(t0);
+        let drops0 = procs::udp_drops(self.port);
+        let deadline = Instant::now() + self.timeout;
+        let mut back: HashMap<u64, f64> = HashMap::new();
+        loop {
+            back.clear();
+            for h in self.controller.handshakes() {
+                if h.at >= t0 {
+                    back.entry(h.dpid).or_insert((h.at - t0).as_secs_f64());
+                }
+            }
+            if back.len() >= n || Instant::now() >= deadline {
+                break;
+            }
+            if !ctl.proc.is_alive() {
+                bail!("the controller agent exited: {}", log_tail(&ctl.log, 5));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let cpu = procs::cpu_seconds(ctl.proc.pid).unwrap_or(0.0);
+        let rss = procs::status_kib(ctl.proc.pid, "VmRSS").unwrap_or(0);
+        let host_cpu = procs::cpu_seconds(std::process::id()).unwrap_or(0.0) - host0;
+        let duration = since(t0);
+        let other_cpu = (procs::machine_busy_seconds() - machine0 - host_cpu - cpu).max(0.0);
+        let status = self.status()?;
+        let adm = &status["admission"];
+        let zero_rtt_conns = status["connections"]
+            .as_array()
+            .map_or(0, |c| c.iter().filter(|c| c["zero_rtt"] == true).count());
+        Ok((
+            Restart {
+                config: cfg.clone(),
+                index,
+                switches: n,
+                dead,
+                listening,
+                back,
+                handshakes: HashMap::new(),
+                cpu,
+                rss,
+                host_cpu,
+                other_cpu,
+                duration,
+                refused: adm["refused"].as_u64().unwrap_or(0),
+                admitted: adm["admitted"].as_u64().unwrap_or(0),
+                zero_rtt_conns,
+                udp_drops: procs::udp_drops(self.port).saturating_sub(drops0),
+                ovs_attempts: fleet.stats.attempts.load(Relaxed) - attempts0,
+                ovs_hello_timeouts: fleet.stats.hello_timeouts.load(Relaxed) - timeouts0,
+            },
+            t0,
+        ))
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or("not all".into(), |v| format!("{v:.2}"))
+}
+
+fn print_restart(r: &Restart) {
+    println!(
+        "{} restart {}: every switch back {} s ({}/{} back; p50 {:.2} s, p90 {:.2} s); new agent listening after {:.2} s; \
+         its CPU {:.2} s ({:.2} ms per switch), {:.1} MiB; switch side CPU {:.2} s; other processes {:.1} cores; refused {}, admitted {}, 0-RTT connections {}, \
+         UDP drops {}; OVS attempts {} (HELLO timeouts {})",
+        r.config.name,
+        r.index,
+        opt(r.all_back()),
+        r.back.len(),
+        r.switches,
+        r.percentile(50.0),
+        r.percentile(90.0),
+        r.listening,
+        r.cpu,
+        1000.0 * r.cpu / r.switches as f64,
+        r.rss as f64 / 1024.0,
+        r.host_cpu,
+        r.other_cpu / r.duration.max(1e-3),
+        r.refused,
+        r.admitted,
+        r.zero_rtt_conns,
+        r.udp_drops,
+        r.ovs_attempts,
+        r.ovs_hello_timeouts,
+    );
+}
+
+/// One markdown row per configuration: every restart's time, medians of the rest.
+fn summary_table(steadies: &[Steady], restarts: &[Restart]) -> String {
+    let mut rows = Vec::new();
+    for s in steadies {
+        let rs: Vec<&Restart> = restarts
+            .iter()
+            .filter(|r| r.config.name == s.config.name)
+            .collect();
+        let med = |f: &dyn Fn(&Restart) -> f64| {
+            let mut v: Vec<f64> = rs.iter().map(|r| f(r)).collect();
+            v.sort_by(f64::total_cmp);
+            percentile(&v, 50.0)
+        };
+        rows.push(vec![
+            s.config.name.clone(),
+            if s.config.zero_rtt { "on" } else { "off" }.into(),
+            s.config.max_handshakes.to_string(),
+            format!("{}", s.config.jitter.as_millis()),
+            rs.iter()
+                .map(|r| opt(r.all_back()))
+                .collect::<Vec<_>>()
+                .join(", "),
+            format!("{:.2}", med(&|r| r.percentile(50.0))),
+            format!("{:.2}", med(&|r| r.percentile(90.0))),
+            format!("{:.2}", med(&|r| 1000.0 * r.cpu / r.switches as f64)),
+            format!("{:.0}", med(&|r| r.refused as f64)),
+            format!("{:.0}", med(&|r| r.zero_rtt_conns as f64)),
+            format!("{:.0}", med(&|r| r.ovs_hello_timeouts as f64)),
+            format!(
+                "{:.1}",
+                s.ctl_rss_full.saturating_sub(s.ctl_rss_empty) as f64 / s.switches as f64
+            ),
+        ]);
+    }
+    out::md_table(
+        &[
+            "config",
+            "0-RTT",
+            "max handshakes",
+            "jitter (ms)",
+            "all back (s), each restart",
+            "p50 (s)",
+            "p90 (s)",
+            "ctl CPU (ms/switch)",
+            "refused",
+            "0-RTT conns",
+            "OVS HELLO timeouts",
+            "ctl KiB/conn",
+        ],
+        &rows,
+    )
+}
+
+fn write_results(dir: &Path, steadies: &[Steady], restarts: &[Restart], stop: Stop) -> Result<()> {
+    let f3 = |v: f64| format!("{v:.3}");
+    let mut rc = Csv::new(RESTARTS_CSV);
+    let mut sc = Csv::new(SWITCHES_CSV);
+    for r in restarts {
+        rc.push(vec![
+            r.config.name.clone(),
+            r.config.zero_rtt.to_string(),
+            r.config.max_handshakes.to_string(),
+            r.config.jitter.as_millis().to_string(),
+            r.index.to_string(),
+            r.switches.to_string(),
+            r.back.len().to_string(),
+            r.all_back().map(f3).unwrap_or_default(),
+            f3(r.percentile(50.0)),
+            f3(r.percentile(90.0)),
+            f3(r.percentile(99.0)),
+            f3(r.dead),
+            f3(r.listening),
+            f3(r.cpu),
+            f3(1000.0 * r.cpu / r.switches as f64),
+            r.rss.to_string(),
+            f3(r.host_cpu),
+            f3(r.other_cpu),
+            format!("{:.2}", r.other_cpu / r.duration.max(1e-3)),
+            r.refused.to_string(),
+            r.admitted.to_string(),
+            r.zero_rtt_conns.to_string(),
+            r.udp_drops.to_string(),
+            r.ovs_attempts.to_string(),
+            r.ovs_hello_timeouts.to_string(),
+        ]);
+        for d in 1..=r.switches as u64 {
+            sc.push(vec![
+                r.config.name.clone(),
+                r.index.to_string(),
+                d.to_string(),
+                r.back.get(&d).map(|&v| f3(v)).unwrap_or_default(),
+                r.handshakes.get(&d).copied().unwrap_or(0).to_string(),
+            ]);
+        }
+    }
+    let mut st = Csv::new(STEADY_CSV);
+    for s in steadies {
+        st.push(vec![
+            s.config.name.clone(),
+            s.switches.to_string(),
+            s.ctl_rss_empty.to_string(),
+            s.ctl_rss_full.to_string(),
+            format!(
+                "{:.1}",
+                s.ctl_rss_full.saturating_sub(s.ctl_rss_empty) as f64 / s.switches as f64
+            ),
+            format!("{:.2}", s.ctl_idle_cpu_pct),
+            format!("{:.1}", s.host_kib_per_switch),
+        ]);
+    }
+    rc.write(&dir.join("restarts.csv"))?;
+    sc.write(&dir.join("switches.csv"))?;
+    st.write(&dir.join("steady.csv"))?;
+    let mut md = String::from("# Reconnect storm: restarting the controller agent\n\n");
+    let _ = writeln!(
+        md,
+        "{} switches (simulated Open vSwitch with OVS's reconnect timing, each behind its own \
+         switch agent with its own certificate and UDP socket, in one process) connected to one \
+         `quicsdn controller` process, on loopback. Each restart: {} to the controller agent \
+         and a new one on the same address. A switch is back when the controller received its \
+         FEATURES_REPLY on a new connection. `1rtt`: `--no-zero-rtt`; `0rtt`: 0-RTT with \
+         `--session-store`. `admission`: the defaults, `--max-handshakes={DEFAULT_MAX_HANDSHAKES}` \
+         and `--reconnect-jitter={}ms`; `capN`/`jitterD`: those settings; neither: \
+         `--max-handshakes=0 --reconnect-jitter=0s`. Target: every switch back within 10 s. \
+         Times are from the signal; medians are over the restarts (of two, the larger).\n",
+        steadies.first().map_or(0, |s| s.switches),
+        match stop {
+            Stop::Term => "SIGTERM (the agent closes every connection)",
+            Stop::Kill => "SIGKILL (a crash: the switch agents notice at their grace period)",
+        },
+        DEFAULT_RECONNECT_JITTER.as_millis()
+    );
+    md += &summary_table(steadies, restarts);
+    md += "\n*ctl CPU*: the new controller agent's CPU time from its start until every switch \
+           was back, per switch. *refused*: connection attempts its admission control refused. \
+           *0-RTT conns*: connections that began in 0-RTT. *OVS HELLO timeouts*: OVS \
+           connections given up after 1 s without the controller's HELLO (each doubles that \
+           switch's backoff). *ctl KiB/conn*: the controller agent's RSS with every switch \
+           connected, less its RSS before any, per connection.\n\n";
+    md += "Idle, every switch connected:\n\n";
+    let rows: Vec<Vec<String>> = steadies
+        .iter()
+        .map(|s| {
+            vec![
+                s.config.name.clone(),
+                format!("{:.1}", s.ctl_rss_empty as f64 / 1024.0),
+                format!("{:.1}", s.ctl_rss_full as f64 / 1024.0),
+                format!(
+                    "{:.1}",
+                    s.ctl_rss_full.saturating_sub(s.ctl_rss_empty) as f64 / s.switches as f64
+                ),
+                format!("{:.2}", s.ctl_idle_cpu_pct),
+                format!("{:.1}", s.host_kib_per_switch),
+            ]
+        })
+        .collect();
+    md += &out::md_table(
+        &[
+            "config",
+            "ctl RSS empty (MiB)",
+            "ctl RSS all connected (MiB)",
+            "ctl KiB per connection",
+            "ctl idle CPU (%)",
+            "bench process KiB per switch (first config only)",
+        ],
+        &rows,
+    );
+    md += "\n![time until each switch is back](storm.png)\n\n";
+    md += &out::provenance();
+    std::fs::write(dir.join("storm.md"), md)?;
+    Ok(())
+}
+
+/// Reads `restarts.csv` and `switches.csv` from `dir`, checking their headers.
+pub fn read(dir: &Path) -> Result<(Csv, Csv, Csv)> {
+    Ok((
+        Csv::read(&dir.join("restarts.csv"), RESTARTS_CSV)?,
+        Csv::read(&dir.join("switches.csv"), SWITCHES_CSV)?,
+        Csv::read(&dir.join("steady.csv"), STEADY_CSV)?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configurations_parse_and_bad_ones_are_explained() {
+        let c = StormConfig::parse("0rtt-admission").unwrap();
+        assert!(c.zero_rtt);
+        assert_eq!(c.max_handshakes, DEFAULT_MAX_HANDSHAKES);
+        assert_eq!(c.jitter, DEFAULT_RECONNECT_JITTER);
+        let c = StormConfig::parse("1rtt").unwrap();
+        assert_eq!(
+            (c.zero_rtt, c.max_handshakes, c.jitter),
+            (false, 0, Duration::ZERO)
+        );
+        let c = StormConfig::parse("1rtt-cap64-jitter1s").unwrap();
+        assert_eq!((c.max_handshakes, c.jitter), (64, Duration::from_secs(1)));
+        assert_eq!(
+            StormConfig::parse("0rtt-jitter250ms").unwrap().jitter,
+            Duration::from_millis(250)
+        );
+        for (bad, words) in [
+            ("2rtt", "starts with"),
+            ("0rtt-capx", "cap followed by a number"),
+            ("0rtt-jitter5", "500ms or 1s"),
+            ("0rtt-fast", "unknown part"),
+        ] {
+            let e = StormConfig::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(words), "{bad}: {e}");
+        }
+        let a = StormConfig::parse("1rtt-cap8")
+            .unwrap()
+            .controller_args(Path::new("/s"));
+        assert_eq!(a, ["--max-handshakes=8", "--no-zero-rtt"]);
+        let a = StormConfig::parse("0rtt")
+            .unwrap()
+            .controller_args(Path::new("/s"));
+        assert_eq!(a, ["--max-handshakes=0", "--session-store=/s"]);
+    }
+
+    #[test]
+    fn all_back_needs_every_switch() {
+        let mut r = Restart {
+            config: StormConfig::parse("1rtt").unwrap(),
+            index: 1,
+            switches: 3,
+            dead: 0.0,
+            listening: 0.0,
+            back: HashMap::from([(1, 1.5), (2, 0.5)]),
+            handshakes: HashMap::new(),
+            cpu: 0.0,
+            rss: 0,
+            host_cpu: 0.0,
+            other_cpu: 0.0,
+            duration: 0.0,
+            refused: 0,
+            admitted: 0,
+            zero_rtt_conns: 0,
+            udp_drops: 0,
+            ovs_attempts: 0,
+            ovs_hello_timeouts: 0,
+        };
+        assert_eq!(r.all_back(), None);
+        r.back.insert(3, 2.5);
+        assert_eq!(r.all_back(), Some(2.5));
+        assert_eq!(r.percentile(50.0), 1.5);
+    }
+}

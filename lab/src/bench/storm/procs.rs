@@ -1,0 +1,105 @@
+//! What the storm bench reads about processes and sockets: CPU time and memory
+//! from `/proc`, drops at a UDP socket, the file-descriptor limit.
+
+/// CPU time (user + system) of a process so far, in seconds.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 (utime, stime) are f[11], f[12] after the command name.
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some(ticks as f64 / hz)
+}
+
+/// A `kB` field of `/proc/PID/status` (`VmRSS`, `VmHWM`), in KiB.
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    kib_field(&s, field)
+}
+
+fn kib_field(text: &str, field: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// Datagrams dropped on arrival (receive buffer full) at the IPv4 UDP sockets
+/// bound to `port` (`/proc/net/udp`, last column).
+pub fn udp_drops(port: u16) -> u64 {
+    let text = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+    udp_drops_in(&text, port)
+}
+
+fn udp_drops_in(text: &str, port: u16) -> u64 {
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let p = f
+                .get(1)?
+                .rsplit_once(':')
+                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())?;
+            (p == port).then(|| f.last()?.parse::<u64>().ok())?
+        })
+        .sum()
+}
+
+/// Busy CPU seconds of the whole machine so far (`/proc/stat`: everything
+/// but idle and iowait), to tell how much other processes ran meanwhile (the
+/// machine may be shared).
+pub fn machine_busy_seconds() -> f64 {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<u64> = text
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).unwrap_or(&0) + v.get(4).unwrap_or(&0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    total.saturating_sub(idle) as f64 / hz
+}
+
+/// Raises the soft limit on open files to the hard limit: the bench holds
+/// several descriptors per simulated switch, and its children inherit it.
+pub fn raise_fd_limit() -> u64 {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write only the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 {
+            l.rlim_cur = l.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+        }
+    }
+    l.rlim_cur
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_readers() {
+        let me = std::process::id();
+        assert!(cpu_seconds(me).is_some());
+        assert!(status_kib(me, "VmRSS").unwrap() > 0);
+        assert!(machine_busy_seconds() > 0.0);
+        assert_eq!(kib_field("Pss:   12 kB\n", "Pss"), Some(12));
+        let udp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n\
+                   1: 0100007F:19FD 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 1 2 0000000000000000 7\n\
+                   2: 0100007F:0035 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 1 2 0000000000000000 9\n";
+        assert_eq!(udp_drops_in(udp, 6653), 7);
+        assert_eq!(udp_drops_in(udp, 53), 9);
+        assert_eq!(udp_drops_in(udp, 1), 0);
+    }
+}

@@ -285,22 +285,29 @@ fn after_a_controller_agent_restart_ovs_resumes_in_0rtt_with_only_replay_safe_me
     assert_eq!(first["zero_rtt"], false, "no ticket yet: {first}");
     let connections_before = bed.ovs_connections();
 
-    // Restart the controller agent. Its answers are held back on the way to the
-    // switch, so whatever the switch agent sends until the cut ends travels in
-    // 0-RTT and no handshake can complete.
+    // Restart the controller agent while the link is down, so the switch agent
+    // learns of it only when its grace period ends, and its first attempt
+    // afterwards reaches the new agent. (After a graceful close it would
+    // reconnect at once and may race the new agent's start: 0-RTT data sent
+    // before anyone listens is recovered only once the handshake completes,
+    // which the cut below prevents.) The new agent's answers stay held back
+    // on the way to the switch, so whatever the switch agent sends until the
+    // cut ends travels in 0-RTT and no handshake can complete.
+    bed.set_link(Some(false), Some(false));
     bed.controller_agent
         .take()
         .unwrap()
         .terminate(PATIENCE)
         .unwrap();
-    bed.set_link(Some(false), None);
     bed.start_controller_agent(2);
+    bed.set_link(None, Some(true));
     // OVS's controller connection was closed with the old connection (OpenFlow
     // state is per connection); OVS reconnects to the switch agent, whose
     // connection is still in 0-RTT: OVS's session starts there, and the new
     // controller agent hands OVS's HELLO to os-ken before any handshake.
     let log2 = bed.controller_log(2);
-    poll_until("OVS's session in 0-RTT", Duration::from_secs(8), || {
+    // The grace period (10 s), OVS's reconnect (1 s), margin.
+    poll_until("OVS's session in 0-RTT", Duration::from_secs(20), || {
         let c = connection(&bed.switch_control());
         let log = std::fs::read_to_string(&log2).unwrap_or_default();
         Ok((c["sessions"] == 1 && log.contains("session opened")).then_some(c))
@@ -314,8 +321,9 @@ fn after_a_controller_agent_restart_ovs_resumes_in_0rtt_with_only_replay_safe_me
     })
     .unwrap_or_else(|e| {
         panic!(
-            "{e:#}\n{}",
-            std::fs::read_to_string(&log2).unwrap_or_default()
+            "{e:#}\ncontroller agent:\n{}\nswitch agent:\n{}",
+            std::fs::read_to_string(&log2).unwrap_or_default(),
+            std::fs::read_to_string(bed.dir.join("switch-agent.log")).unwrap_or_default()
         )
     });
 

@@ -147,6 +147,40 @@ fn service(k: ServiceKey) -> Service {
 
 type EndHandle = std::thread::JoinHandle<Result<EndReport>>;
 
+/// One end's thread once `setup` has made its connection: tells `ready` how
+/// setup went, waits for the common start, sends `send` and expects `expect`
+/// messages of `svc`, and tells `done` of a failure.
+fn run_side(
+    setup: impl FnOnce() -> Result<(synth::Reader, synth::Writer)>,
+    ready: mpsc::Sender<Result<()>>,
+    start_rx: mpsc::Receiver<Instant>,
+    (svc, send, expect): (Service, Schedule, u64),
+    stop: Arc<AtomicBool>,
+    done: mpsc::Sender<Result<(), String>>,
+) -> Result<EndReport> {
+    let (rd, wr) = match setup() {
+        Ok(v) => {
+            let _ = ready.send(Ok(()));
+            v
+        }
+        Err(e) => {
+            let _ = ready.send(Err(anyhow!("{e:#}")));
+            return Err(e);
+        }
+    };
+    let start = start_rx.recv().map_err(|_| anyhow!("no start"))?;
+    let ctl = synth::EndControl {
+        start,
+        stop,
+        done: done.clone(),
+    };
+    let r = synth::run_end(svc, rd, wr, send, expect, ctl);
+    if let Err(e) = &r {
+        let _ = done.send(Err(format!("{e:#}")));
+    }
+    r
+}
+
 /// Runs one cell. Fails if any message is lost, duplicated or malformed.
 pub fn run(spec: &CellSpec) -> Result<CellResult> {
     let mut pair = Pair::up(&PairSpec {
@@ -204,27 +238,7 @@ fn run_on(pair: &mut Pair, spec: &CellSpec) -> Result<CellResult> {
                 let s = synth::accept_one(&l, connect_timeout)?;
                 synth::split(s, tls.as_ref())
             };
-            let (rd, wr) = match setup() {
-                Ok(v) => {
-                    let _ = ready2.send(Ok(()));
-                    v
-                }
-                Err(e) => {
-                    let _ = ready2.send(Err(anyhow!("{e:#}")));
-                    return Err(e);
-                }
-            };
-            let start = start_rx.recv().map_err(|_| anyhow!("no start"))?;
-            let ctl = synth::EndControl {
-                start,
-                stop: stop2,
-                done: done2.clone(),
-            };
-            let r = synth::run_end(svc, rd, wr, send, expect, ctl);
-            if let Err(e) = &r {
-                let _ = done2.send(Err(format!("{e:#}")));
-            }
-            r
+            run_side(setup, ready2, start_rx, (svc, send, expect), stop2, done2)
         });
         handles.push(((Dir::CtlToSw, key(svc)), h));
         listening_rx
@@ -245,27 +259,7 @@ fn run_on(pair: &mut Pair, spec: &CellSpec) -> Result<CellResult> {
                 let s = synth::connect(addr, connect_timeout)?;
                 synth::split(s, tls.as_ref())
             };
-            let (rd, wr) = match setup() {
-                Ok(v) => {
-                    let _ = ready2.send(Ok(()));
-                    v
-                }
-                Err(e) => {
-                    let _ = ready2.send(Err(anyhow!("{e:#}")));
-                    return Err(e);
-                }
-            };
-            let start = start_rx.recv().map_err(|_| anyhow!("no start"))?;
-            let ctl = synth::EndControl {
-                start,
-                stop: stop2,
-                done: done2.clone(),
-            };
-            let r = synth::run_end(svc, rd, wr, send, expect, ctl);
-            if let Err(e) = &r {
-                let _ = done2.send(Err(format!("{e:#}")));
-            }
-            r
+            run_side(setup, ready2, start_rx, (svc, send, expect), stop2, done2)
         });
         handles.push(((Dir::SwToCtl, key(svc)), h));
     }

@@ -5,6 +5,8 @@
 //! * [`overhead`], [`delay`], [`table1`]: the quicSDN papers' evaluation over an
 //!   emulated control link, comparing tcp, tls, quic, quic rr:16 and kcptun;
 //!   [`model`] is the papers' analytical model; [`report`] gathers results.
+//! * [`table2`]: the OpenFlow-over-UDP paper's Table 2 (echo, FLOW_MOD and
+//!   stats latency; tcp, quic, udp-seed, udp-robust; loss and delay).
 //! * [`hol`]: head-of-line blocking with real OVS (tcp, quic ordered, quic safe).
 //!
 //! Shared pieces: [`pair`] (two namespaces, one emulated link, one transport),
@@ -23,4 +25,5 @@ pub mod relay;
 pub mod report;
 pub mod synth;
 pub mod table1;
+pub mod table2;
 pub mod tuning;

@@ -79,7 +79,10 @@ pub struct Table1Args {
     #[arg(long)]
     pub quick: bool,
     /// Comma-separated: tcp,tls,quic,quic-rr16,quic-tuned,kcptun.
-    #[arg(long, default_value = "tcp,tls,quic,quic-rr16,quic-tuned,kcptun")]
+    #[arg(
+        long,
+        default_value = "tcp,tls,quic,quic-rr16,quic-tuned,kcptun,udp-seed,udp-robust"
+    )]
     pub transports: String,
     /// Lab prefix of the bench's labs (at most 12 characters).
     #[arg(long, default_value = "qsdnbench")]
@@ -120,17 +123,17 @@ fn plan(quick: bool) -> Vec<(&'static str, u64, u64)> {
 
 const OFPT_HELLO: u8 = 0;
 const OFPT_ERROR: u8 = 1;
-const OFPT_ECHO_REQUEST: u8 = 2;
+pub(crate) const OFPT_ECHO_REQUEST: u8 = 2;
 const OFPT_ECHO_REPLY: u8 = 3;
 const OFPT_FEATURES_REQUEST: u8 = 5;
 const OFPT_FEATURES_REPLY: u8 = 6;
 const OFPT_FLOW_MOD: u8 = 14;
 const OFPT_MULTIPART_REQUEST: u8 = 18;
-const OFPT_MULTIPART_REPLY: u8 = 19;
-const OFPT_BARRIER_REQUEST: u8 = 20;
-const OFPT_BARRIER_REPLY: u8 = 21;
+pub(crate) const OFPT_MULTIPART_REPLY: u8 = 19;
+pub(crate) const OFPT_BARRIER_REQUEST: u8 = 20;
+pub(crate) const OFPT_BARRIER_REPLY: u8 = 21;
 
-fn header(t: u8, len: usize, xid: u32) -> Vec<u8> {
+pub(crate) fn header(t: u8, len: usize, xid: u32) -> Vec<u8> {
     let mut m = openflow::Header {
         version: openflow::OFP13_VERSION,
         msg_type: t,
@@ -201,7 +204,9 @@ pub fn flow_stats_request(xid: u32) -> Vec<u8> {
 
 /// What the OpenFlow reader reports.
 #[derive(Debug)]
-enum OfEvent {
+pub(crate) enum OfEvent {
+    /// An ECHO_REPLY: its xid.
+    Echo(u32),
     Features,
     Barrier(u32),
     /// A flow-stats reply part: xid, entries, more to come.
@@ -224,9 +229,9 @@ fn flow_stats_entries(body: &[u8]) -> Result<u64> {
     Ok(n)
 }
 
-struct OfConn {
-    wr: Arc<Mutex<Writer>>,
-    events: Receiver<OfEvent>,
+pub(crate) struct OfConn {
+    pub(crate) wr: Arc<Mutex<Writer>>,
+    pub(crate) events: Receiver<OfEvent>,
     xid: u32,
 }
 
@@ -243,17 +248,17 @@ impl OfConn {
         }
     }
 
-    fn send(&mut self, m: &[u8]) -> Result<()> {
+    pub(crate) fn send(&mut self, m: &[u8]) -> Result<()> {
         self.wr.lock().expect("writer").send(m)?;
         Ok(())
     }
 
-    fn next_xid(&mut self) -> u32 {
+    pub(crate) fn next_xid(&mut self) -> u32 {
         self.xid += 1;
         self.xid
     }
 
-    fn event(&self, timeout: Duration) -> Result<OfEvent> {
+    pub(crate) fn event(&self, timeout: Duration) -> Result<OfEvent> {
         match self.events.recv_timeout(timeout) {
             Ok(OfEvent::Error(e)) => bail!("OpenFlow error from the switch: {e}"),
             Ok(OfEvent::Closed(e)) => bail!("the OpenFlow connection closed: {e}"),
@@ -264,7 +269,7 @@ impl OfConn {
 
     /// HELLO, then (once OVS reports the connection up, i.e. it has our HELLO:
     /// under `rr:N` a request sent right behind it could overtake it) FEATURES.
-    fn handshake(&mut self, ovs: &crate::ovs::Ovs) -> Result<()> {
+    pub(crate) fn handshake(&mut self, ovs: &crate::ovs::Ovs) -> Result<()> {
         self.send(&header(OFPT_HELLO, 8, 1))?;
         ovs.wait_connected(BRIDGE, Duration::from_secs(20))?;
         let x = self.next_xid();
@@ -345,6 +350,7 @@ fn of_reader(mut rd: Reader, wr: Arc<Mutex<Writer>>, tx: Sender<OfEvent>) {
                         None
                     }
                     OFPT_FEATURES_REPLY => Some(OfEvent::Features),
+                    OFPT_ECHO_REPLY => Some(OfEvent::Echo(h.xid)),
                     OFPT_BARRIER_REPLY => Some(OfEvent::Barrier(h.xid)),
                     OFPT_MULTIPART_REPLY if len >= 16 && msg[8..10] == [0, 1] => {
                         let more = msg[11] & 1 == 1;
@@ -384,7 +390,7 @@ enum DbEvent {
     Closed(String),
 }
 
-struct DbConn {
+pub(crate) struct DbConn {
     wr: Arc<Mutex<Writer>>,
     events: Receiver<DbEvent>,
     id: u64,
@@ -469,19 +475,14 @@ fn db_reader(mut rd: Reader, wr: Arc<Mutex<Writer>>, tx: Sender<DbEvent>) {
 
 // ---- the experiments ----
 
-fn lab_config(prefix: &str, t: BenchTransport) -> LabConfig {
+pub(crate) fn lab_config(prefix: &str, t: BenchTransport) -> LabConfig {
     let mut cfg = LabConfig::new(prefix);
     let s = &mut cfg.settings;
     s.switches = 1;
     s.hosts_per_switch = 0;
     s.controller = ControllerKind::None;
     s.ovsdb = true;
-    s.transport = match t {
-        BenchTransport::Tcp => Transport::Tcp,
-        BenchTransport::Tls => Transport::Tls,
-        BenchTransport::Kcptun => Transport::Kcptun,
-        _ => Transport::Quic,
-    };
+    s.transport = t.lab_transport();
     s.streams = t.streams().map(str::to_string);
     if t == BenchTransport::QuicTuned {
         s.agent_args = TUNED_ARGS.iter().map(|a| a.to_string()).collect();
@@ -510,7 +511,7 @@ fn tls_sides(state: &LabState) -> Result<(TlsSide, TlsSide)> {
 
 /// Opens the benchmark controller's OpenFlow and OVSDB connections (in the
 /// controller namespace) to switch 1.
-fn connect(state: &LabState) -> Result<(OfConn, DbConn)> {
+pub(crate) fn connect(state: &LabState) -> Result<(OfConn, DbConn)> {
     let ovs = state.switches[0].ovs.clone().context("no OVS")?;
     let tls = if state.settings.transport == Transport::Tls {
         Some(tls_sides(state)?)

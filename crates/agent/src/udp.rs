@@ -86,7 +86,11 @@ enum Cmd {
     Attach(u16, SessionPort),
     Send(u16, MessageKind, Vec<u8>),
     Control(ControlMsg),
-    Detach(u16),
+    /// The session ended: its channel's counters go back to it.
+    Detach(
+        u16,
+        tokio::sync::oneshot::Sender<Option<quicsdn_udp::ChannelStats>>,
+    ),
     Close(u16, String),
 }
 
@@ -277,18 +281,9 @@ async fn drive(
                 Some(Cmd::Control(m)) => {
                     let _ = assoc.send(CONTROL, MessageKind::Data, serde_json::to_vec(&m).expect("serialises"));
                 }
-                Some(Cmd::Detach(ch)) => {
-                    if let Some(p) = ports.remove(&ch)
-                        && let Some(s) = assoc.stats(ch)
-                    {
-                        info!(
-                            switch = %handle.switch, service = %p.service, channel = ch,
-                            sent = s.messages_sent, packets = s.packets_sent, retransmits = s.retransmits,
-                            given_up = s.given_up, received = s.packets_received, duplicates = s.duplicates,
-                            out_of_order = s.out_of_order, srtt_ms = s.srtt.map(|d| d.as_secs_f64() * 1e3),
-                            "udp channel counters"
-                        );
-                    }
+                Some(Cmd::Detach(ch, stats)) => {
+                    ports.remove(&ch);
+                    let _ = stats.send(assoc.stats(ch));
                     draining.push(ch);
                 }
                 Some(Cmd::Close(c, why)) => assoc.close(c, &why),
@@ -397,8 +392,19 @@ async fn run_session(h: Handle, svc: Arc<Service>, ch: u16, session: u64, local:
             }
         }
     }
-    let _ = h.cmds.send(Cmd::Detach(ch));
+    let (stats_tx, stats_rx) = tokio::sync::oneshot::channel();
+    let _ = h.cmds.send(Cmd::Detach(ch, stats_tx));
     let (svc_name, sw) = (&svc.name, &h.switch);
+    // One line per session with its channel's counters (zero if it carried
+    // nothing, or the association is gone); the lab's table2 bench reads them.
+    let s = stats_rx.await.ok().flatten().unwrap_or_default();
+    info!(
+        switch = %sw, service = %svc_name, session, channel = ch,
+        sent = s.messages_sent, packets = s.packets_sent, retransmits = s.retransmits,
+        given_up = s.given_up, received = s.packets_received, duplicates = s.duplicates,
+        out_of_order = s.out_of_order, srtt_ms = s.srtt.map(|d| d.as_secs_f64() * 1e3),
+        "udp channel counters"
+    );
     match (out_end.expect("set"), in_end.expect("set")) {
         (Out::Finished(n), In::Finished) => {
             info!(switch = %sw, service = %svc_name, session, messages_out = n, "session closed")

@@ -168,6 +168,11 @@ pub(crate) struct Sender {
     rtt: Rtt,
     backoff: u32,
     rto_deadline: Option<Instant>,
+    /// Tail loss probe (RFC 8985 §7): one probe before the RTO when the tail of
+    /// what was sent goes unacknowledged.
+    probe_deadline: Option<Instant>,
+    probed: bool,
+    ack_delay: Duration,
     cwnd: u32,
     /// Congestion avoidance: acknowledged packets towards the next cwnd increase.
     cwnd_acc: u32,
@@ -209,6 +214,9 @@ impl Sender {
             rtt: Rtt::new(),
             backoff: 0,
             rto_deadline: None,
+            probe_deadline: None,
+            probed: false,
+            ack_delay: config.ack_delay,
             cwnd: INITIAL_WINDOW,
             cwnd_acc: 0,
             // RFC 5681 §3.1: "The initial value of ssthresh SHOULD be set arbitrarily
@@ -234,6 +242,15 @@ impl Sender {
                     .min(self.max_rto)
             }
         }
+    }
+
+    /// RFC 8985 §7.2: "PTO = 2 * SRTT", plus the peer's delayed-ACK allowance
+    /// when a single packet may wait for it, at least 10 ms; none before the
+    /// first RTT sample. Never later than the RTO.
+    fn pto(&self) -> Option<Duration> {
+        let srtt = self.rtt.srtt?;
+        let pto = (srtt * 2 + self.ack_delay).max(Duration::from_millis(10));
+        (pto < self.rto()).then_some(pto)
     }
 
     /// Queues a message; errors if one datagram cannot carry it under seed.
@@ -311,6 +328,7 @@ impl Sender {
             None => self.unsent.pop_front()?,
         };
         let rto = self.rto();
+        let pto = self.pto();
         let p = self.packets.get_mut(&seq).expect("queued packets exist");
         if p.transmissions > 0 {
             self.stats.retransmits += 1;
@@ -330,6 +348,9 @@ impl Sender {
                 // running so that it will expire after RTO seconds".
                 if self.rto_deadline.is_none() {
                     self.rto_deadline = Some(now + rto);
+                }
+                if !self.probed {
+                    self.probe_deadline = pto.map(|pto| now + pto);
                 }
             }
         }
@@ -490,6 +511,12 @@ impl Sender {
         } else {
             Some(now + self.rto())
         };
+        self.probed = false;
+        self.probe_deadline = if self.pipe == 0 {
+            None
+        } else {
+            self.pto().map(|pto| now + pto)
+        };
     }
 
     fn mark_lost(&mut self, seq: u32) {
@@ -507,7 +534,10 @@ impl Sender {
         }
         match self.profile {
             Profile::Seed => self.timers.first().map(|(t, _)| *t),
-            Profile::Robust => self.rto_deadline,
+            Profile::Robust => match (self.rto_deadline, self.probe_deadline) {
+                (Some(r), Some(p)) => Some(r.min(p)),
+                (r, p) => r.or(p),
+            },
         }
     }
 
@@ -532,12 +562,33 @@ impl Sender {
                 self.release();
             }
             Profile::Robust => {
+                if let Some(p) = self.probe_deadline
+                    && p <= now
+                    && self.rto_deadline.is_some_and(|r| r > now)
+                {
+                    // RFC 8985 §7.3: "the sender SHOULD transmit ... the highest-sequence
+                    // segment sent so far" as a probe; the window is not reduced (a loss
+                    // it reveals is then repaired and counted by the ACK it elicits).
+                    self.probe_deadline = None;
+                    self.probed = true;
+                    if let Some(last) = self
+                        .packets
+                        .iter()
+                        .rev()
+                        .find(|(_, p)| p.state == State::InFlight)
+                        .map(|(s, _)| *s)
+                    {
+                        self.mark_lost(last);
+                    }
+                    return;
+                }
                 let Some(deadline) = self.rto_deadline else {
                     return;
                 };
                 if deadline > now {
                     return;
                 }
+                self.probe_deadline = None;
                 let Some((&first, p)) = self.packets.iter().find(|(_, p)| p.state != State::Unsent)
                 else {
                     self.rto_deadline = None;

@@ -810,3 +810,41 @@ fn seed_residual_loss_is_about_p_to_the_fourth() {
         );
     }
 }
+
+#[test]
+fn robust_a_lost_tail_is_probed_after_two_round_trips_not_the_rto() {
+    let mut sim = Sim::new(Profile::Robust, Link::clean(10), 1);
+    sim.connect();
+    // A first exchange gives the channel its RTT sample (SRTT ≈ 25 ms).
+    sim.client.send(1, MessageKind::Data, vec![1; 10]).unwrap();
+    sim.run_until(Duration::from_secs(2), |s| s.client.outstanding(1) == 0);
+    let srtt = sim.client.stats(1).unwrap().srtt.unwrap();
+    let cwnd = sim.client.stats(1).unwrap().cwnd;
+    // The next request's first transmission is lost.
+    let mut dropped = false;
+    sim.drop_if = Some(Box::new(move |_, to_server, d| {
+        if !dropped && to_server && matches!(packet::decode(d), Ok((_, Packet::Data { .. }))) {
+            dropped = true;
+            return true;
+        }
+        false
+    }));
+    let t0 = sim.now;
+    sim.client.send(1, MessageKind::Data, vec![2; 10]).unwrap();
+    sim.run_until(Duration::from_secs(2), |s| {
+        messages(&s.at_server, 1).len() == 2
+    });
+    let took = sim.now - t0;
+    sim.run_until(Duration::from_secs(2), |s| s.client.outstanding(1) == 0);
+    // Probe at 2·SRTT + 5 ms, then one way: far below the 200 ms minimum RTO.
+    assert!(
+        took <= srtt * 2 + Duration::from_millis(20),
+        "{took:?} (srtt {srtt:?})"
+    );
+    let st = sim.client.stats(1).unwrap();
+    assert_eq!(
+        (st.retransmits, st.cwnd),
+        (1, cwnd + 1),
+        "a probe reduces no window"
+    );
+}

@@ -697,4 +697,72 @@ mod tests {
                 .contains("HOST:PORT")
         );
     }
+
+    #[test]
+    fn udp_transport_needs_no_certificates_and_names_its_profile() {
+        let cli = parse(&[
+            "switch",
+            "--controller",
+            "192.0.2.1:6653",
+            "--transport",
+            "udp",
+            "--udp-profile",
+            "seed",
+            "--allow-unauthenticated",
+            "--switch-name",
+            "sw9",
+            "--service",
+            "openflow=punix:/tmp/x.sock",
+        ]);
+        let Command::Switch(args) = cli.command else {
+            panic!()
+        };
+        let c = args.resolve(FileConfig::default()).unwrap();
+        assert_eq!(
+            c.common.transport,
+            AgentTransport::Udp(quicsdn_udp::Profile::Seed)
+        );
+        assert!(c.common.allow_unauthenticated);
+        assert_eq!(c.switch_name.as_deref(), Some("sw9"));
+        // The default profile is robust; a profile without udp is a mistake.
+        let cli = parse(&[
+            "controller",
+            "--transport",
+            "udp",
+            "--service",
+            "openflow=tcp:127.0.0.1:1",
+        ]);
+        let Command::Controller(args) = cli.command else {
+            panic!()
+        };
+        let c = args.resolve(FileConfig::default()).unwrap();
+        assert_eq!(
+            c.common.transport,
+            AgentTransport::Udp(quicsdn_udp::Profile::Robust)
+        );
+        // Without --allow-unauthenticated the agent refuses to start (validate()).
+        assert!(!c.common.allow_unauthenticated);
+        let cli = parse(&[
+            "controller",
+            "--udp-profile",
+            "seed",
+            "--ca",
+            "/a",
+            "--cert",
+            "/b",
+            "--key",
+            "/c",
+        ]);
+        let Command::Controller(args) = cli.command else {
+            panic!()
+        };
+        let e = args.resolve(FileConfig::default()).unwrap_err().to_string();
+        assert!(e.contains("--udp-profile needs --transport udp"), "{e}");
+        let cli = parse(&["controller", "--transport", "tcp"]);
+        let Command::Controller(args) = cli.command else {
+            panic!()
+        };
+        let e = args.resolve(FileConfig::default()).unwrap_err().to_string();
+        assert!(e.contains("use quic or udp"), "{e}");
+    }
 }

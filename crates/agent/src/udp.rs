@@ -392,6 +392,20 @@ async fn run_session(h: Handle, svc: Arc<Service>, ch: u16, session: u64, local:
             }
         }
     }
+    let (out_end, in_end) = (out_end.expect("set"), in_end.expect("set"));
+    // Our direction did not end with a FIN or an abort already (the local
+    // connection failed, or the session was given up here): tell the other agent,
+    // so it closes its local connection too. Harmless if it has ended already.
+    if matches!(out_end, Out::Io(_) | Out::Stopped) {
+        let why = match (&out_end, &in_end) {
+            (Out::Io(e), _) | (_, In::Io(e)) => format!("the {local_name} connection failed: {e}"),
+            (_, In::Aborted(why)) => why.clone(),
+            _ => format!("the {remote} ended the session"),
+        };
+        let _ = h
+            .cmds
+            .send(Cmd::Send(ch, MessageKind::Abort, why.into_bytes()));
+    }
     let (stats_tx, stats_rx) = tokio::sync::oneshot::channel();
     let _ = h.cmds.send(Cmd::Detach(ch, stats_tx));
     let (svc_name, sw) = (&svc.name, &h.switch);
@@ -405,7 +419,7 @@ async fn run_session(h: Handle, svc: Arc<Service>, ch: u16, session: u64, local:
         out_of_order = s.out_of_order, srtt_ms = s.srtt.map(|d| d.as_secs_f64() * 1e3),
         "udp channel counters"
     );
-    match (out_end.expect("set"), in_end.expect("set")) {
+    match (out_end, in_end) {
         (Out::Finished(n), In::Finished) => {
             info!(switch = %sw, service = %svc_name, session, messages_out = n, "session closed")
         }

@@ -168,3 +168,27 @@ async fn udp_needs_allow_unauthenticated() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_message_seed_cannot_carry_closes_its_session_on_both_sides() {
+    let (cagent, sagent, ctl, sw_addr) = pair(Profile::Seed).await;
+    let mut ovs = TcpStream::connect(&sw_addr).await.unwrap();
+    let (mut controller, _) = ctl.accept().await.unwrap();
+    let mut b = of(1, 8);
+    b.extend_from_slice(&of(2, 65_535));
+    ovs.write_all(&b).await.unwrap();
+    // What came before arrives; then the controller's connection closes too.
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), controller.read_to_end(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, of(1, 8));
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(10), ovs.read_to_end(&mut rest))
+        .await
+        .unwrap();
+    assert!(n.is_ok_and(|n| n == 0) || rest.is_empty());
+    sagent.shutdown().await;
+    cagent.shutdown().await;
+}

@@ -202,6 +202,7 @@ fn table2_quick_measures_every_metric_and_reads_the_agents_counters() {
         quick: true,
         transports: "tcp,udp-seed,udp-robust".into(),
         samples: None,
+        conditions: None,
         prefix: "qsdnU7".into(),
     })
     .expect("table2 bench");

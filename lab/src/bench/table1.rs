@@ -269,9 +269,23 @@ impl OfConn {
 
     /// HELLO, then (once OVS reports the connection up, i.e. it has our HELLO:
     /// under `rr:N` a request sent right behind it could overtake it) FEATURES.
-    pub(crate) fn handshake(&mut self, ovs: &crate::ovs::Ovs) -> Result<()> {
+    /// Fails early if this connection ends first (OVS had already left it).
+    pub(crate) fn handshake_within(&mut self, ovs: &crate::ovs::Ovs, t: Duration) -> Result<()> {
         self.send(&header(OFPT_HELLO, 8, 1))?;
-        ovs.wait_connected(BRIDGE, Duration::from_secs(20))?;
+        crate::wait::poll_until(
+            &format!("{BRIDGE} in {} to connect to its controller", ovs.netns),
+            t,
+            || {
+                match self.events.try_recv() {
+                    Ok(OfEvent::Closed(e)) => {
+                        bail!("the connection ended before OVS connected: {e}")
+                    }
+                    Ok(OfEvent::Error(e)) => bail!("OpenFlow error from the switch: {e}"),
+                    _ => {}
+                }
+                Ok(ovs.is_connected(BRIDGE)?.then_some(()))
+            },
+        )?;
         let x = self.next_xid();
         self.send(&header(OFPT_FEATURES_REQUEST, 8, x))?;
         loop {
@@ -529,39 +543,43 @@ pub(crate) fn connect(state: &LabState) -> Result<(OfConn, DbConn)> {
         tls.as_ref().map(|t| t.0.clone()),
         tls.as_ref().map(|t| t.1.clone()),
     );
-    let (tx, rx) = channel::<Result<(Reader, Writer, Reader, Writer)>>();
+    let (tx, rx) = channel::<Result<(Reader, Writer)>>();
     let target = state.switches[0].target.clone().context("no target")?;
     // OVS backs off while nothing listens: take its controller away before
     // listening (so no half-made connection is accepted), give it back after.
     ovs.vsctl(&["del-controller", BRIDGE])?;
     let listening = Arc::new(std::sync::Barrier::new(2));
     let l2 = listening.clone();
+    // Every connection that carries data goes to the handshake below, in order:
+    // a tunnel may still deliver a connection OVS made before its controller was
+    // taken away, with OVS's HELLO and then its end, so the first is not always
+    // the one OVS keeps.
     std::thread::spawn(move || {
-        let r = (|| -> Result<_> {
+        let r = (|| -> Result<()> {
             sys::enter_netns(&ctl_ns)?;
             let l = TcpListener::bind((listen_ip, port))?;
             l2.wait();
-            // A tunnel may still deliver a connection OVS made before its controller
-            // was taken away, already closed: skip connections that end before
-            // OVS's HELLO (or whose TLS handshake fails that way).
-            let (ofr, ofw) = {
-                let mut tries = 0;
-                loop {
-                    tries += 1;
-                    let s = synth::accept_one(&l, Duration::from_secs(30))?;
-                    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-                    let alive =
-                        srv.is_some() || s.peek(&mut [0u8; 1]).map(|n| n > 0).unwrap_or(false);
-                    s.set_read_timeout(None)?;
-                    match alive.then(|| synth::split(s, srv.as_ref())) {
-                        Some(Ok(v)) => break v,
-                        Some(Err(e)) if tries >= 5 => return Err(e),
-                        None if tries >= 5 => bail!("OVS's connections kept closing"),
-                        _ => continue,
-                    }
+            loop {
+                let s = synth::accept_one(&l, Duration::from_secs(30))?;
+                s.set_read_timeout(Some(Duration::from_secs(10)))?;
+                let alive = srv.is_some() || s.peek(&mut [0u8; 1]).map(|n| n > 0).unwrap_or(false);
+                s.set_read_timeout(None)?;
+                if alive && tx.send(synth::split(s, srv.as_ref())).is_err() {
+                    return Ok(());
                 }
-            };
-            let (dbr, dbw) = match &db_addr {
+            }
+        })();
+        if let Err(e) = r {
+            let _ = tx.send(Err(e));
+        }
+    });
+    listening.wait();
+    ovs.set_controller(BRIDGE, &[target])?;
+    let db = {
+        let ctl_ns = state.ctl_netns.clone();
+        std::thread::spawn(move || -> Result<(Reader, Writer)> {
+            sys::enter_netns(&ctl_ns)?;
+            Ok(match &db_addr {
                 OvsdbAddress::Tcp(a) => {
                     synth::split(synth::connect(*a, Duration::from_secs(20))?, None)?
                 }
@@ -576,18 +594,34 @@ pub(crate) fn connect(state: &LabState) -> Result<(OfConn, DbConn)> {
                     )?;
                     (Reader::Unix(s.try_clone()?), Writer::Unix(s))
                 }
-            };
-            Ok((ofr, ofw, dbr, dbw))
-        })();
-        let _ = tx.send(r);
-    });
-    listening.wait();
-    ovs.set_controller(BRIDGE, &[target])?;
-    let (ofr, ofw, dbr, dbw) = rx
-        .recv_timeout(Duration::from_secs(60))
-        .map_err(|_| anyhow!("the benchmark controller could not connect"))??;
-    let mut of = OfConn::start(ofr, ofw);
-    of.handshake(&ovs)?;
+            })
+        })
+    };
+    let mut last = None;
+    let mut of = None;
+    for _ in 0..8 {
+        let (ofr, ofw) = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(r) => r?,
+            Err(_) => break,
+        };
+        let mut c = OfConn::start(ofr, ofw);
+        match c.handshake_within(&ovs, Duration::from_secs(20)) {
+            Ok(()) => {
+                of = Some(c);
+                break;
+            }
+            // A connection OVS had already left: the next one is OVS's.
+            Err(e) => last = Some(e),
+        }
+    }
+    let of = match (of, last) {
+        (Some(of), _) => of,
+        (None, Some(e)) => return Err(e),
+        (None, None) => bail!("the benchmark controller could not connect"),
+    };
+    let (dbr, dbw) = db
+        .join()
+        .map_err(|_| anyhow!("the OVSDB connection thread panicked"))??;
     let db = DbConn::start(dbr, dbw);
     Ok((of, db))
 }

@@ -89,6 +89,9 @@ pub struct Table2Args {
     /// Samples per metric.
     #[arg(long)]
     pub samples: Option<usize>,
+    /// Only these conditions, comma-separated: unimpaired, 1%, 5%, 50ms.
+    #[arg(long)]
+    pub conditions: Option<String>,
     /// Name prefix of the labs (at most 10 characters).
     #[arg(long, default_value = "qsdnbench")]
     pub prefix: String,
@@ -125,12 +128,27 @@ pub const CONDITIONS: [Condition; 4] = [
     },
 ];
 
-fn conditions(quick: bool) -> Vec<Condition> {
-    if quick {
+fn conditions(quick: bool, only: Option<&str>) -> Result<Vec<Condition>> {
+    if let Some(only) = only {
+        return only
+            .split(',')
+            .map(|c| {
+                let c = c.trim();
+                CONDITIONS
+                    .iter()
+                    .find(|k| k.name.replace(' ', "").starts_with(c))
+                    .copied()
+                    .ok_or_else(|| {
+                        anyhow::anyhow!("unknown condition {c:?} (unimpaired, 1%, 5%, 50ms)")
+                    })
+            })
+            .collect();
+    }
+    Ok(if quick {
         vec![CONDITIONS[0], CONDITIONS[2]]
     } else {
         CONDITIONS.to_vec()
-    }
+    })
 }
 
 /// Latencies of one metric (ms), and how many samples went unanswered.
@@ -271,6 +289,24 @@ fn agent_logs(state: &LabState) -> Vec<(&'static str, PathBuf)> {
     v
 }
 
+/// Keeps a failed attempt's agent and OVS logs in `OUT/failed/`.
+fn keep_logs(state: &LabState, out: &Path, cond: Condition, t: BenchTransport, attempt: u32) {
+    let dir = out.join("failed").join(format!(
+        "{}-{t}-{attempt}",
+        cond.name.replace([' ', '%'], "")
+    ));
+    let _ = std::fs::create_dir_all(&dir);
+    let mut logs = agent_logs(state);
+    if let Some(ovs) = &state.switches[0].ovs {
+        logs.push(("ovs-vswitchd", ovs.dir.join("ovs-vswitchd.log")));
+    }
+    for (_, l) in logs {
+        if let Some(name) = l.file_name() {
+            let _ = std::fs::copy(&l, dir.join(name));
+        }
+    }
+}
+
 pub fn run(args: Table2Args) -> Result<()> {
     let transports = parse_transports(&args.transports)?;
     let n = args.samples.unwrap_or(if args.quick { 10 } else { 50 });
@@ -279,7 +315,7 @@ pub fn run(args: Table2Args) -> Result<()> {
     let mut counters = Csv::new(COUNTERS_HEADER);
     let started = Instant::now();
     let mut notes = Vec::new();
-    for cond in conditions(args.quick) {
+    for cond in conditions(args.quick, args.conditions.as_deref())? {
         for &t in &transports {
             let mut cfg = table1::lab_config(&args.prefix, t);
             cfg.settings.impairment = Impairment {
@@ -296,6 +332,9 @@ pub fn run(args: Table2Args) -> Result<()> {
                 let state = topology::up(&cfg)?.state;
                 let (mut c1, mut c2) = (Csv::new(HEADER), Csv::new(COUNTERS_HEADER));
                 let r = run_one(&state, t, cond, n, &mut c1, &mut c2);
+                if r.is_err() {
+                    keep_logs(&state, &args.out, cond, t, attempt);
+                }
                 topology::down(&cfg.run_dir, &cfg.prefix)?;
                 match r {
                     Ok(()) => {

@@ -85,6 +85,10 @@ fn udp_seed_at_5_percent_loss_loses_about_p_to_the_fourth_and_reorders() {
         late += f.out_of_order;
         sent += f.sent;
     }
+    println!(
+        "udp-seed, 5 % loss: {sent} sent, {lost} lost, {late} out of order; frames lost on the link {} + {}",
+        r.sw_to_ctl.lost, r.ctl_to_sw.lost
+    );
     // A message is lost only if all 4 transmissions are: p^4 = 6.25e-6, so
     // 12,000 messages expect 0.075 losses; 3 or more has probability < 1e-4.
     assert!(lost <= 2, "lost {lost} of {sent}");

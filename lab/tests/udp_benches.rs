@@ -55,6 +55,10 @@ fn udp_robust_at_5_percent_loss_delivers_every_message_exactly_once_in_order() {
         r.sw_to_ctl.lost > 0 && r.ctl_to_sw.lost > 0,
         "the link lost nothing"
     );
+    println!(
+        "udp-robust, 5 % loss: frames lost on the link {} + {}",
+        r.sw_to_ctl.lost, r.ctl_to_sw.lost
+    );
     for ((d, k), f) in &r.flows {
         let what = format!("{} {k}", d.name());
         assert_eq!(f.sent, 3000, "{what}");

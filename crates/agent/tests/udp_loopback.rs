@@ -192,3 +192,54 @@ async fn a_message_seed_cannot_carry_closes_its_session_on_both_sides() {
     sagent.shutdown().await;
     cagent.shutdown().await;
 }
+
+#[tokio::test]
+async fn malformed_and_foreign_datagrams_change_nothing() {
+    let (cagent, sagent, ctl, sw_addr) = pair(Profile::Robust).await;
+    let mut ovs = TcpStream::connect(&sw_addr).await.unwrap();
+    let (mut controller, _) = ctl.accept().await.unwrap();
+    // Garbage, a truncated DATA, an ACK for an association nobody has, and a
+    // DATA claiming to continue a message, all to the controller agent.
+    let junk = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    for d in [
+        &b"GET / HTTP/1.0\r\n\r\n"[..],
+        &[0xD5, 3, 0, 0, 0, 1, 0][..],
+        &[0xD5, 4, 1, 2, 3, 4, 0, 1, 0, 0, 0, 9, 0, 9, 0][..],
+        &[0xD5, 3, 0, 0, 0, 1, 0, 1, 0, 0, 0, 1, 2, 0xFF][..],
+    ] {
+        junk.send_to(d, cagent.local_addr).await.unwrap();
+    }
+    // The session carries on in both directions.
+    ovs.write_all(&of(5, 40)).await.unwrap();
+    let mut m = vec![0u8; 40];
+    tokio::time::timeout(Duration::from_secs(10), controller.read_exact(&mut m))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(m, of(5, 40));
+    controller.write_all(&of(6, 16)).await.unwrap();
+    let mut m = vec![0u8; 16];
+    tokio::time::timeout(Duration::from_secs(10), ovs.read_exact(&mut m))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(m, of(6, 16));
+    // A datagram for an unknown association is answered with a CLOSE.
+    let mut buf = [0u8; 128];
+    let (n, _) = tokio::time::timeout(Duration::from_secs(5), junk.recv_from(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    let (id, p) = quicsdn_udp::packet::decode(&buf[..n]).unwrap();
+    assert!(matches!(
+        p,
+        quicsdn_udp::packet::Packet::Close {
+            code: quicsdn_udp::assoc::code::UNKNOWN_ASSOCIATION,
+            ..
+        }
+    ));
+    assert!(id == 0x0102_0304 || id == 1, "{id:#x}");
+    assert!(sagent.is_connected());
+    sagent.shutdown().await;
+    cagent.shutdown().await;
+}

@@ -80,6 +80,8 @@ enum Bench {
     /// Flow installation, queue configuration and statistics polling with real OVS
     /// (preprint Table I).
     Table1(quicsdn_lab::bench::table1::Table1Args),
+    /// TCP vs UDP latency: echo, FLOW_MOD, stats request, with loss and delay (the OpenFlow-over-UDP paper's Table 2).
+    Table2(quicsdn_lab::bench::table2::Table2Args),
     /// The agents' overhead settings (coalescing, ACK frequency, zero-length
     /// connection IDs): overhead and delay of each.
     Tuning(quicsdn_lab::bench::tuning::TuningArgs),
@@ -183,6 +185,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(Bench::Overhead(a)) => quicsdn_lab::bench::overhead::run(a)?,
         Command::Bench(Bench::Delay(a)) => quicsdn_lab::bench::delay::run(a)?,
         Command::Bench(Bench::Table1(a)) => quicsdn_lab::bench::table1::run(a)?,
+        Command::Bench(Bench::Table2(a)) => quicsdn_lab::bench::table2::run(a)?,
         Command::Bench(Bench::Tuning(a)) => quicsdn_lab::bench::tuning::run(a)?,
         Command::Bench(Bench::Migration(a)) => quicsdn_lab::bench::migration::run(a)?,
         Command::Bench(Bench::Reconnect(a)) => quicsdn_lab::bench::reconnect::run(a)?,

@@ -78,7 +78,7 @@ pub fn ovsdb_address(state: &LabState, i: u32) -> Result<OvsdbAddress> {
     Ok(match state.settings.transport {
         Transport::Tcp => OvsdbAddress::Tcp((sw, OVSDB_PORT).into()),
         Transport::Tls => OvsdbAddress::Tls((sw, OVSDB_PORT).into()),
-        Transport::Quic => {
+        Transport::Quic | Transport::UdpSeed | Transport::UdpRobust => {
             OvsdbAddress::Unix(controller_ovsdb_socket(&state.dir, &format!("sw{i}")))
         }
         Transport::Kcptun => OvsdbAddress::Tcp((Ipv4Addr::LOCALHOST, 16640 + i as u16).into()),
@@ -191,8 +191,8 @@ impl LabConfig {
         if s.openflow_port == 0 {
             bail!("the OpenFlow port must not be 0");
         }
-        if s.transport != Transport::Quic && (s.streams.is_some() || !s.agent_args.is_empty()) {
-            bail!("--streams and --agent-arg are settings of the quic transport");
+        if !s.transport.uses_agents() && (s.streams.is_some() || !s.agent_args.is_empty()) {
+            bail!("--streams and --agent-arg are settings of the quicsdn agents' transports");
         }
         if s.transport == Transport::Kcptun && s.openflow_port == KCP_OPENFLOW_PORT {
             bail!("the OpenFlow port must not be kcptun's UDP port {KCP_OPENFLOW_PORT}");
@@ -437,9 +437,10 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
 
     // Controller. With `quic` it listens on its namespace's loopback only, so
     // the switches can reach it through the controller agent and nothing else.
-    let quic = s.transport == Transport::Quic;
-    // Tunnels (quic, kcptun) reach the controller on its namespace's loopback only.
-    let tunnelled = matches!(s.transport, Transport::Quic | Transport::Kcptun);
+    // The agents (quic, udp-*) use the lab's certificates themselves.
+    let quic = s.transport.uses_agents();
+    // Tunnels (the agents, kcptun) reach the controller on its namespace's loopback only.
+    let tunnelled = quic || s.transport == Transport::Kcptun;
     if s.controller != ControllerKind::None {
         let tls = match pki.as_ref().filter(|_| !quic) {
             Some(pki) => {
@@ -560,7 +561,9 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
                 Transport::Tls => {
                     format!("pssl:{OVSDB_PORT}:{}", Ipv4Addr::new(10, 254, i as u8, 2))
                 }
-                Transport::Quic | Transport::Kcptun => format!("ptcp:{OVSDB_PORT}:127.0.0.1"),
+                Transport::Quic | Transport::Kcptun | Transport::UdpSeed | Transport::UdpRobust => {
+                    format!("ptcp:{OVSDB_PORT}:127.0.0.1")
+                }
             };
             ovs.vsctl(&["set-manager", &manager])?;
         }
@@ -591,7 +594,8 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
 /// The agents' extra options: `--streams`, then the lab's agent arguments
 /// (`--zero-length-cid` only for switch agents).
 fn agent_args(s: &LabSettings, switch: bool) -> Vec<String> {
-    let mut v: Vec<String> = s.streams.iter().map(|m| format!("--streams={m}")).collect();
+    let mut v = s.transport.agent_transport_args();
+    v.extend(s.streams.iter().map(|m| format!("--streams={m}")));
     v.extend(
         s.agent_args
             .iter()

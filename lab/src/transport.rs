@@ -13,6 +13,12 @@
 //!   namespace's loopback, one `kcptun-server` beside the controller. Its defaults
 //!   (AES, FEC 10+3, mode `fast`), without compression. No authentication beyond a
 //!   pre-shared key: the tool a user might pick instead of quicsdn.
+//! * `udp-seed`, `udp-robust`: the same quicsdn agents as `quic`, but with
+//!   `--transport udp --udp-profile seed|robust --allow-unauthenticated`:
+//!   OpenFlow over plain UDP with an application-level reliability layer (the
+//!   paper `openflow-over-udp-ryu-ovs`'s mechanism, and a robust one). Neither
+//!   authenticates nor encrypts; the switch's name comes from its certificate
+//!   file, which is only read, never presented.
 
 use std::fmt;
 use std::net::Ipv4Addr;
@@ -29,6 +35,10 @@ pub enum Transport {
     Tls,
     Quic,
     Kcptun,
+    #[serde(rename = "udp-seed")]
+    UdpSeed,
+    #[serde(rename = "udp-robust")]
+    UdpRobust,
 }
 
 impl Transport {
@@ -38,7 +48,31 @@ impl Transport {
             Transport::Tls => "tls",
             Transport::Quic => "quic",
             Transport::Kcptun => "kcptun",
+            Transport::UdpSeed => "udp-seed",
+            Transport::UdpRobust => "udp-robust",
         }
+    }
+
+    /// True for transports carried by the quicsdn agents (`quic`, `udp-*`).
+    pub fn uses_agents(self) -> bool {
+        matches!(
+            self,
+            Transport::Quic | Transport::UdpSeed | Transport::UdpRobust
+        )
+    }
+
+    /// The agents' options selecting this transport (none for `quic`).
+    pub fn agent_transport_args(self) -> Vec<String> {
+        let profile = match self {
+            Transport::UdpSeed => "seed",
+            Transport::UdpRobust => "robust",
+            _ => return Vec::new(),
+        };
+        vec![
+            "--transport=udp".into(),
+            format!("--udp-profile={profile}"),
+            "--allow-unauthenticated".into(),
+        ]
     }
 
     /// Ok when the lab can build this transport now (for `quic`: the `quicsdn`
@@ -46,14 +80,16 @@ impl Transport {
     pub fn check_available(self) -> Result<()> {
         match self {
             Transport::Tcp | Transport::Tls => Ok(()),
-            Transport::Quic => crate::agents::quicsdn_binary().map(|_| ()),
+            Transport::Quic | Transport::UdpSeed | Transport::UdpRobust => {
+                crate::agents::quicsdn_binary().map(|_| ())
+            }
             Transport::Kcptun => crate::bench::pair::kcptun_binaries().map(|_| ()),
         }
     }
 
     /// Whether the lab generates certificates for it.
     pub fn needs_pki(self) -> bool {
-        matches!(self, Transport::Tls | Transport::Quic)
+        matches!(self, Transport::Tls) || self.uses_agents()
     }
 
     /// The OVS controller target for a controller at `ctl:port`, for a switch
@@ -62,7 +98,7 @@ impl Transport {
         match self {
             Transport::Tcp => format!("tcp:{ctl}:{port}"),
             Transport::Tls => format!("ssl:{ctl}:{port}"),
-            Transport::Quic => {
+            Transport::Quic | Transport::UdpSeed | Transport::UdpRobust => {
                 format!("unix:{}", crate::agents::openflow_socket(ovs_dir).display())
             }
             Transport::Kcptun => format!("tcp:127.0.0.1:{port}"),
@@ -84,7 +120,9 @@ impl FromStr for Transport {
             "tls" => Ok(Transport::Tls),
             "quic" => Ok(Transport::Quic),
             "kcptun" => Ok(Transport::Kcptun),
-            _ => bail!("unknown transport {s:?} (tcp, tls, quic or kcptun)"),
+            "udp-seed" => Ok(Transport::UdpSeed),
+            "udp-robust" => Ok(Transport::UdpRobust),
+            _ => bail!("unknown transport {s:?} (tcp, tls, quic, kcptun, udp-seed or udp-robust)"),
         }
     }
 }
@@ -116,5 +154,17 @@ mod tests {
         assert_eq!("tls".parse::<Transport>().unwrap(), Transport::Tls);
         assert_eq!("kcptun".parse::<Transport>().unwrap(), Transport::Kcptun);
         assert!("udp".parse::<Transport>().is_err());
+        assert_eq!(
+            "udp-robust".parse::<Transport>().unwrap(),
+            Transport::UdpRobust
+        );
+        assert_eq!(
+            Transport::UdpSeed.ovs_target(ip, 6653, dir),
+            "unix:/run/quicsdn-lab/qsdn/sw1/quicsdn-openflow.sock"
+        );
+        assert_eq!(
+            serde_json::to_string(&Transport::UdpSeed).unwrap(),
+            "\"udp-seed\""
+        );
     }
 }

@@ -53,8 +53,8 @@ fn overhead_quick_delivers_every_message_over_every_transport() {
     let dir = tempfile::tempdir().unwrap();
     overhead::run(overhead_args(dir.path(), "qsdnB1")).expect("overhead bench");
     let csv = overhead::read(dir.path()).expect("schema");
-    // 6 transports × 2 rates × 1 loss × 1 RTT × 2 directions.
-    assert_eq!(csv.rows.len(), 6 * 2 * 2);
+    // 8 transports × 2 rates × 1 loss × 1 RTT × 2 directions.
+    assert_eq!(csv.rows.len(), 8 * 2 * 2);
     for t in all_transports() {
         assert!(csv.rows.iter().any(|r| r[0] == t), "no rows for {t}");
     }
@@ -64,6 +64,12 @@ fn overhead_quick_delivers_every_message_over_every_transport() {
             n,
             overhead::default_messages(r[csv.col("rate")].parse().unwrap(), true)
         );
+        if r[0] == "udp-seed" {
+            // The paper's mechanism may lose messages (docs/benchmarks.md); what
+            // arrived is never more than what was sent.
+            assert!(col(&csv, r, "delivered") <= n, "{r:?}");
+            continue;
+        }
         assert_eq!(col(&csv, r, "delivered"), n, "{r:?}");
         // Half OpenFlow, half OVSDB (the odd one is OpenFlow).
         let want = n.div_ceil(2) * OPENFLOW_SIZE as u64 + n / 2 * OVSDB_SIZE as u64;
@@ -104,10 +110,16 @@ fn delay_quick_measures_every_message() {
     })
     .expect("delay bench");
     let csv = delay::read(dir.path()).expect("schema");
-    // 3 repetitions × 5 pairs × 2 messages per transport.
-    assert_eq!(csv.rows.len(), 6 * 3 * 10);
+    // 3 repetitions × 5 pairs × 2 messages per transport (udp-seed may lose some).
     for t in all_transports() {
         let rows: Vec<&Vec<String>> = csv.rows.iter().filter(|r| r[0] == t).collect();
+        if t == "udp-seed" {
+            let mut seqs: Vec<u64> = rows.iter().map(|r| col(&csv, r, "seq")).collect();
+            seqs.sort();
+            seqs.dedup();
+            assert!(seqs.len() == rows.len() && rows.len() <= 30, "{t}");
+            continue;
+        }
         assert_eq!(rows.len(), 30, "{t}");
         let mut seqs: Vec<u64> = rows.iter().map(|r| col(&csv, r, "seq")).collect();
         seqs.sort();
@@ -136,7 +148,7 @@ fn table1_quick_installs_configures_and_polls_with_real_ovs() {
     })
     .expect("table1 bench (it checks every flow, transaction and stats reply itself)");
     let csv = table1::read(dir.path()).expect("schema");
-    assert_eq!(csv.rows.len(), 6 * 6);
+    assert_eq!(csv.rows.len(), 8 * 6);
     for r in &csv.rows {
         assert!(col(&csv, r, "count") > 0);
         assert!(col(&csv, r, "wire_bytes") > 0, "{r:?}");

@@ -1,4 +1,4 @@
-//! A 3-switch lab over `tcp`, `tls` and `quic`, with 10 ms delay and 1 % loss
+//! A 3-switch lab over `tcp`, `tls`, `quic` and `udp-robust`, with 10 ms delay and 1 % loss
 //! on every control link (each direction): hosts on switch 1 and switch 3
 //! ping each other through the os-ken L2 learning app, whose learned flows
 //! show up in every switch; then `down` leaves nothing behind.
@@ -70,7 +70,7 @@ fn three_switch_ping(prefix: &str, transport: Transport) -> LabState {
     let scheme = match transport {
         Transport::Tcp => "tcp:",
         Transport::Tls => "ssl:",
-        Transport::Quic => "unix:",
+        Transport::Quic | Transport::UdpSeed | Transport::UdpRobust => "unix:",
         Transport::Kcptun => "tcp:",
     };
     for sw in &state.switches {
@@ -150,7 +150,8 @@ fn three_switch_ping(prefix: &str, transport: Transport) -> LabState {
                 d.counters.class(Class::Quic).delivered.frames,
             );
             match transport {
-                Transport::Quic => assert!(
+                // The agents' UDP port: QUIC, or the UDP transport's datagrams.
+                Transport::Quic | Transport::UdpSeed | Transport::UdpRobust => assert!(
                     quic > 0 && openflow == 0,
                     "{}: {openflow} {quic}",
                     l.spec.link_name()
@@ -342,6 +343,31 @@ fn three_switches_quic_hosts_ping_through_osken_via_the_agents() {
         assert!(
             log.lines().any(|l| l.contains("switch agent connected")
                 && l.contains(&format!("switch={}", sw.name))),
+            "{}: not in the controller agent's log:\n{log}",
+            sw.name
+        );
+    }
+    down_leaves_nothing(prefix, &state);
+}
+
+#[test]
+fn three_switches_udp_robust_hosts_ping_through_osken_via_the_agents() {
+    let _s = serial();
+    let prefix = "qsdnU1";
+    let _g = LabGuard::new(prefix);
+    let state = three_switch_ping(prefix, Transport::UdpRobust);
+    assert_eq!(state.agents.len(), 4);
+    assert!(state.agents.iter().all(|a| a.is_alive()));
+    // Over UDP, unauthenticated: the controller agent believed each switch's name
+    // and says the channel is not authenticated.
+    let log = std::fs::read_to_string(state.dir.join("ctl/quicsdn-controller.log")).unwrap();
+    assert!(log.contains("transport=\"udp\" profile=robust"), "{log}");
+    assert!(log.contains("neither authenticated nor encrypted"), "{log}");
+    for sw in &state.switches {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("switch agent connected (unauthenticated")
+                    && l.contains(&format!("switch={}", sw.name))),
             "{}: not in the controller agent's log:\n{log}",
             sw.name
         );

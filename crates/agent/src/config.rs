@@ -107,10 +107,27 @@ impl ServiceConfig {
     }
 }
 
+/// How the two agents talk to each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AgentTransport {
+    /// One mutually-authenticated QUIC connection (the default).
+    #[default]
+    Quic,
+    /// Plain UDP with an application-level reliability layer
+    /// ([`quicsdn_udp`]): unauthenticated and unencrypted.
+    Udp(quicsdn_udp::Profile),
+}
+
 /// Settings both agents share.
 #[derive(Debug, Clone)]
 pub struct CommonConfig {
+    /// Certificates: required over QUIC; over UDP only a source of the switch's
+    /// name, if given.
     pub tls: TlsFiles,
+    pub transport: AgentTransport,
+    /// `--allow-unauthenticated`: the operator accepts that `--transport udp`
+    /// neither authenticates nor encrypts.
+    pub allow_unauthenticated: bool,
     pub services: Vec<ServiceConfig>,
     /// Stream mode for sessions this agent opens; the other side follows it.
     pub streams: StreamMode,
@@ -128,6 +145,8 @@ impl CommonConfig {
     pub fn new(tls: TlsFiles, services: Vec<ServiceConfig>) -> CommonConfig {
         CommonConfig {
             tls,
+            transport: AgentTransport::Quic,
+            allow_unauthenticated: false,
             services,
             streams: StreamMode::default(),
             quic: QuicOptions::default(),
@@ -138,6 +157,13 @@ impl CommonConfig {
     }
 
     fn validate(&self, on_switch: bool) -> Result<(), ConfigError> {
+        if let AgentTransport::Udp(_) = self.transport
+            && !self.allow_unauthenticated
+        {
+            return Err(ConfigError::Invalid(
+                "--transport udp neither authenticates nor encrypts: anyone who can send datagrams to the agents can inject OpenFlow messages or claim a switch's name. Add --allow-unauthenticated to accept that (e.g. on an isolated management network), or use --transport quic".into(),
+            ));
+        }
         if self.services.is_empty() {
             return Err(ConfigError::Invalid(
                 "no services configured: give at least one --service NAME=TARGET".into(),
@@ -186,6 +212,8 @@ impl CommonConfig {
 pub struct SwitchConfig {
     /// The controller agent, `HOST:PORT`.
     pub controller: String,
+    /// `--switch-name`: the switch's name over UDP, where no certificate says it.
+    pub switch_name: Option<String>,
     /// The name the controller's certificate must carry.
     pub server_name: String,
     /// Local UDP address to bind (port 0 picks one).
@@ -333,6 +361,7 @@ mod tests {
             bind: None,
             max_backoff: Duration::from_secs(8),
             reconnect_jitter: crate::admission::DEFAULT_RECONNECT_JITTER,
+            switch_name: None,
             common: common(&["openflow=punix:/run/of.sock"]),
         };
         sw.validate().unwrap();

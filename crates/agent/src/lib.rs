@@ -15,8 +15,9 @@ pub mod link;
 pub mod services;
 pub mod session;
 pub mod switch;
+pub mod udp;
 
-pub use config::{CommonConfig, ControllerConfig, ServiceConfig, SwitchConfig};
+pub use config::{AgentTransport, CommonConfig, ControllerConfig, ServiceConfig, SwitchConfig};
 pub use controller::ControllerAgent;
 pub use switch::SwitchAgent;
 

@@ -8,7 +8,9 @@
 use crate::units::{parse_duration, parse_size};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use quicsdn_agent::config::{CommonConfig, ControllerConfig, ServiceConfig, SwitchConfig};
+use quicsdn_agent::config::{
+    AgentTransport, CommonConfig, ControllerConfig, ServiceConfig, SwitchConfig,
+};
 use quicsdn_lanes::StreamMode;
 use quicsdn_transport::local::Coalescing;
 use quicsdn_transport::quic::{AckFrequency, QuicOptions};
@@ -131,6 +133,21 @@ pub struct CommonArgs {
     /// This agent's private key (PEM).
     #[arg(long, value_name = "FILE")]
     pub key: Option<PathBuf>,
+    /// How the agents talk: `quic` (mutually-authenticated QUIC, the default) or
+    /// `udp` (plain UDP with an application-level reliability layer; NOT
+    /// authenticated or encrypted, needs --allow-unauthenticated). [default: quic]
+    #[arg(long, value_name = "NAME")]
+    pub transport: Option<String>,
+    /// With --transport udp: `seed` (the paper's mechanism: fixed 1 s RTO, 3
+    /// retransmits then the message is dropped, unordered) or `robust` (adaptive
+    /// RTO, in order, congestion control, fragmentation, never a silent loss).
+    /// Both agents must agree. [default: robust]
+    #[arg(long, value_name = "PROFILE")]
+    pub udp_profile: Option<String>,
+    /// Accept that --transport udp neither authenticates nor encrypts: anyone who
+    /// can send datagrams to the agents can inject messages or claim a switch.
+    #[arg(long)]
+    pub allow_unauthenticated: bool,
     /// A service, NAME[:FRAMING]=TARGET (repeatable). `openflow` and `ovsdb` imply
     /// their framing; other names are raw unless FRAMING (openflow, jsonrpc, raw) is
     /// given. A listening target (ptcp:, punix:) makes this side accept the local
@@ -222,6 +239,10 @@ pub struct SwitchArgs {
     /// [default: 0s, reconnect at once; see docs/benchmarks.md, bench storm]
     #[arg(long, value_name = "DURATION")]
     pub reconnect_jitter: Option<String>,
+    /// The switch's name over --transport udp (the controller agent believes it;
+    /// nothing authenticates it). [default: the identity of --cert]
+    #[arg(long, value_name = "NAME")]
+    pub switch_name: Option<String>,
     /// Use zero-length QUIC connection IDs on this side: the controller agent's
     /// packets to this switch then carry no connection ID (8 bytes less each).
     #[arg(long)]
@@ -263,6 +284,10 @@ pub struct FileConfig {
     pub ca: Option<PathBuf>,
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
+    pub transport: Option<String>,
+    pub udp_profile: Option<String>,
+    pub allow_unauthenticated: Option<bool>,
+    pub switch_name: Option<String>,
     pub service: Option<Vec<String>>,
     pub streams: Option<String>,
     pub keepalive: Option<String>,
@@ -374,6 +399,27 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
         },
         ..defaults
     };
+    let transport = match args.transport.or(file.transport.take()).as_deref() {
+        None | Some("quic") => {
+            if args.udp_profile.is_some() || file.udp_profile.is_some() {
+                bail!("--udp-profile needs --transport udp");
+            }
+            AgentTransport::Quic
+        }
+        Some("udp") => {
+            let p = args
+                .udp_profile
+                .or(file.udp_profile.take())
+                .unwrap_or_else(|| "robust".into());
+            AgentTransport::Udp(
+                quicsdn_udp::Profile::parse(&p)
+                    .ok_or_else(|| anyhow!("--udp-profile {p:?}: use seed or robust"))?,
+            )
+        }
+        Some(t) => bail!("--transport {t:?}: use quic or udp"),
+    };
+    let allow_unauthenticated =
+        args.allow_unauthenticated || file.allow_unauthenticated.take().unwrap_or(false);
     let coalesce = duration(
         args.coalesce,
         file.coalesce.take(),
@@ -391,12 +437,24 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
         Some(s) => Some(parse_size(&s).map_err(|e| anyhow!("--max-message-size: {e}"))?),
         None => None,
     };
-    Ok(CommonConfig {
-        tls: TlsFiles {
+    let tls = if transport == AgentTransport::Quic {
+        TlsFiles {
             ca: required(args.ca, file.ca.take(), "ca")?,
             cert: required(args.cert, file.cert.take(), "cert")?,
             key: required(args.key, file.key.take(), "key")?,
-        },
+        }
+    } else {
+        // Over UDP certificates only name the switch, if given.
+        TlsFiles {
+            ca: args.ca.or(file.ca.take()).unwrap_or_default(),
+            cert: args.cert.or(file.cert.take()).unwrap_or_default(),
+            key: args.key.or(file.key.take()).unwrap_or_default(),
+        }
+    };
+    Ok(CommonConfig {
+        tls,
+        transport,
+        allow_unauthenticated,
         services,
         streams,
         quic,
@@ -452,11 +510,13 @@ impl SwitchArgs {
             quicsdn_agent::admission::DEFAULT_RECONNECT_JITTER,
         )?;
         let bind = self.bind.or(file.bind.take());
+        let switch_name = self.switch_name.or(file.switch_name.take());
         let zero_length_cid = self.zero_length_cid || file.zero_length_cid.take().unwrap_or(false);
         let mut common = common(self.common, &mut file)?;
         common.quic.zero_length_cid = zero_length_cid;
         Ok(SwitchConfig {
             controller,
+            switch_name,
             server_name,
             bind,
             max_backoff,
@@ -469,6 +529,7 @@ impl SwitchArgs {
 impl ControllerArgs {
     pub fn resolve(self, mut file: FileConfig) -> Result<ControllerConfig> {
         if file.controller.is_some()
+            || file.switch_name.is_some()
             || file.server_name.is_some()
             || file.bind.is_some()
             || file.max_backoff.is_some()
@@ -732,5 +793,73 @@ mod tests {
                 .to_string()
                 .contains("HOST:PORT")
         );
+    }
+
+    #[test]
+    fn udp_transport_needs_no_certificates_and_names_its_profile() {
+        let cli = parse(&[
+            "switch",
+            "--controller",
+            "192.0.2.1:6653",
+            "--transport",
+            "udp",
+            "--udp-profile",
+            "seed",
+            "--allow-unauthenticated",
+            "--switch-name",
+            "sw9",
+            "--service",
+            "openflow=punix:/tmp/x.sock",
+        ]);
+        let Command::Switch(args) = cli.command else {
+            panic!()
+        };
+        let c = args.resolve(FileConfig::default()).unwrap();
+        assert_eq!(
+            c.common.transport,
+            AgentTransport::Udp(quicsdn_udp::Profile::Seed)
+        );
+        assert!(c.common.allow_unauthenticated);
+        assert_eq!(c.switch_name.as_deref(), Some("sw9"));
+        // The default profile is robust; a profile without udp is a mistake.
+        let cli = parse(&[
+            "controller",
+            "--transport",
+            "udp",
+            "--service",
+            "openflow=tcp:127.0.0.1:1",
+        ]);
+        let Command::Controller(args) = cli.command else {
+            panic!()
+        };
+        let c = args.resolve(FileConfig::default()).unwrap();
+        assert_eq!(
+            c.common.transport,
+            AgentTransport::Udp(quicsdn_udp::Profile::Robust)
+        );
+        // Without --allow-unauthenticated the agent refuses to start (validate()).
+        assert!(!c.common.allow_unauthenticated);
+        let cli = parse(&[
+            "controller",
+            "--udp-profile",
+            "seed",
+            "--ca",
+            "/a",
+            "--cert",
+            "/b",
+            "--key",
+            "/c",
+        ]);
+        let Command::Controller(args) = cli.command else {
+            panic!()
+        };
+        let e = args.resolve(FileConfig::default()).unwrap_err().to_string();
+        assert!(e.contains("--udp-profile needs --transport udp"), "{e}");
+        let cli = parse(&["controller", "--transport", "tcp"]);
+        let Command::Controller(args) = cli.command else {
+            panic!()
+        };
+        let e = args.resolve(FileConfig::default()).unwrap_err().to_string();
+        assert!(e.contains("use quic or udp"), "{e}");
     }
 }

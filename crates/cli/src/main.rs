@@ -6,7 +6,8 @@ mod units;
 use anyhow::Result;
 use args::{Cli, Command, FileConfig, LogFormat, PkiCommand};
 use clap::Parser;
-use quicsdn_agent::{ControllerAgent, SwitchAgent};
+use quicsdn_agent::udp::{UdpControllerAgent, UdpSwitchAgent};
+use quicsdn_agent::{AgentTransport, ControllerAgent, SwitchAgent};
 use quicsdn_transport::pki;
 use std::process::ExitCode;
 use tracing::info;
@@ -49,6 +50,15 @@ fn run(cli: Cli) -> Result<()> {
             let file = FileConfig::load(args.common.config.as_deref())?;
             log_level(&file)?;
             let config = args.resolve(file)?;
+            if let AgentTransport::Udp(profile) = config.common.transport {
+                return runtime(cli.threads)?.block_on(async {
+                    let agent = UdpSwitchAgent::start(config, profile).await?;
+                    wait_for_signal().await?;
+                    info!(switch = %agent.identity, "shutting down");
+                    agent.shutdown().await;
+                    Ok(())
+                });
+            }
             runtime(cli.threads)?.block_on(async {
                 let agent = SwitchAgent::start(config).await?;
                 wait_for_signal().await?;
@@ -61,6 +71,15 @@ fn run(cli: Cli) -> Result<()> {
             let file = FileConfig::load(args.common.config.as_deref())?;
             log_level(&file)?;
             let config = args.resolve(file)?;
+            if let AgentTransport::Udp(profile) = config.common.transport {
+                return runtime(cli.threads)?.block_on(async {
+                    let agent = UdpControllerAgent::start(config, profile).await?;
+                    wait_for_signal().await?;
+                    info!("shutting down");
+                    agent.shutdown().await;
+                    Ok(())
+                });
+            }
             runtime(cli.threads)?.block_on(async {
                 let agent = ControllerAgent::start(config).await?;
                 wait_for_signal().await?;

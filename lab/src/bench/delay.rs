@@ -39,7 +39,10 @@ pub struct DelayArgs {
     #[arg(long)]
     pub quick: bool,
     /// Comma-separated: tcp,tls,quic,quic-rr16,quic-tuned,kcptun.
-    #[arg(long, default_value = "tcp,tls,quic,quic-rr16,quic-tuned,kcptun")]
+    #[arg(
+        long,
+        default_value = "tcp,tls,quic,quic-rr16,quic-tuned,kcptun,udp-seed,udp-robust"
+    )]
     pub transports: String,
     /// Message-size pairs, e.g. `400/600,3000/600`.
     #[arg(long)]

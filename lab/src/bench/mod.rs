@@ -5,6 +5,8 @@
 //! * [`overhead`], [`delay`], [`table1`]: the quicSDN papers' evaluation over an
 //!   emulated control link, comparing tcp, tls, quic, quic rr:16 and kcptun;
 //!   [`model`] is the papers' analytical model; [`report`] gathers results.
+//! * [`table2`]: the OpenFlow-over-UDP paper's Table 2 (echo, FLOW_MOD and
+//!   stats latency; tcp, quic, udp-seed, udp-robust; loss and delay).
 //! * [`hol`]: head-of-line blocking with real OVS (tcp, quic ordered, quic safe).
 //! * [`migration`], [`reconnect`]: issue 6's measurements with real OVS: the
 //!   control session across a re-addressed switch, and the time to the first
@@ -31,4 +33,5 @@ pub mod report;
 pub mod storm;
 pub mod synth;
 pub mod table1;
+pub mod table2;
 pub mod tuning;

@@ -57,7 +57,10 @@ pub struct OverheadArgs {
     #[arg(long)]
     pub quick: bool,
     /// Comma-separated: tcp,tls,quic,quic-rr16,quic-tuned,kcptun.
-    #[arg(long, default_value = "tcp,tls,quic,quic-rr16,quic-tuned,kcptun")]
+    #[arg(
+        long,
+        default_value = "tcp,tls,quic,quic-rr16,quic-tuned,kcptun,udp-seed,udp-robust"
+    )]
     pub transports: String,
     /// Comma-separated message rates per direction (messages/s, both services).
     #[arg(long)]
@@ -212,7 +215,8 @@ fn model_overhead(
             let theirs = model::predict_quic(&h, &agents(other), t_b);
             Some(mine.transmission as f64 + theirs.ack_bytes)
         }
-        BenchTransport::Kcptun => None,
+        // The paper's model covers TCP and QUIC only.
+        BenchTransport::Kcptun | BenchTransport::UdpSeed | BenchTransport::UdpRobust => None,
     }
 }
 

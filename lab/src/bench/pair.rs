@@ -13,6 +13,7 @@
 //! | `tcp` | `10.254.1.1:PORT` | one TCP connection per service | `0.0.0.0:PORT` |
 //! | `tls` | `10.254.1.1:PORT` | one TLS 1.3 connection per service, mutual auth (rustls, the lab's CA) | `0.0.0.0:PORT` |
 //! | `quic`, `quic-rr16`, `quic-tuned` | `127.0.0.1:PORT` | the real `quicsdn switch` (`ptcp:` services) → one QUIC connection → `quicsdn controller` (`quic-tuned`: with [`TUNED_ARGS`]) | `127.0.0.1:PORT` |
+//! | `udp-seed`, `udp-robust` | `127.0.0.1:PORT` | the same agents with `--transport udp --udp-profile seed\|robust --allow-unauthenticated`: plain UDP with an application-level reliability layer, unauthenticated | `127.0.0.1:PORT` |
 //! | `kcptun` | `127.0.0.1:PORT` | `kcptun-client` → KCP over UDP → `kcptun-server`, one tunnel per service (a kcptun server forwards to one target) | `127.0.0.1:PORT` |
 //!
 //! PORT is 6653 for OpenFlow and 6640 for OVSDB. Everything is removed on drop, by
@@ -47,6 +48,10 @@ pub enum BenchTransport {
     /// quicsdn, default stream mode, with the overhead tuning of [`TUNED_ARGS`].
     QuicTuned,
     Kcptun,
+    /// quicsdn agents over plain UDP, the paper's reliability mechanism.
+    UdpSeed,
+    /// quicsdn agents over plain UDP, the robust reliability mechanism.
+    UdpRobust,
 }
 
 /// The agents' options of `quic-tuned`: read coalescing on a 10 ms clock,
@@ -56,13 +61,15 @@ pub enum BenchTransport {
 pub const TUNED_ARGS: [&str; 3] = ["--coalesce=10ms", "--zero-length-cid", "--ack-threshold=16"];
 
 impl BenchTransport {
-    pub const ALL: [BenchTransport; 6] = [
+    pub const ALL: [BenchTransport; 8] = [
         BenchTransport::Tcp,
         BenchTransport::Tls,
         BenchTransport::Quic,
         BenchTransport::QuicRr16,
         BenchTransport::QuicTuned,
         BenchTransport::Kcptun,
+        BenchTransport::UdpSeed,
+        BenchTransport::UdpRobust,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -73,6 +80,8 @@ impl BenchTransport {
             BenchTransport::QuicRr16 => "quic-rr16",
             BenchTransport::QuicTuned => "quic-tuned",
             BenchTransport::Kcptun => "kcptun",
+            BenchTransport::UdpSeed => "udp-seed",
+            BenchTransport::UdpRobust => "udp-robust",
         }
     }
 
@@ -83,11 +92,34 @@ impl BenchTransport {
         )
     }
 
+    /// True for the quicsdn agents over UDP.
+    pub fn is_udp(self) -> bool {
+        matches!(self, BenchTransport::UdpSeed | BenchTransport::UdpRobust)
+    }
+
+    /// True for every transport carried by the quicsdn agents.
+    pub fn uses_agents(self) -> bool {
+        self.is_quic() || self.is_udp()
+    }
+
+    /// The lab transport (`quicsdn-lab up --transport`) that carries this one.
+    pub fn lab_transport(self) -> crate::transport::Transport {
+        use crate::transport::Transport;
+        match self {
+            BenchTransport::Tcp => Transport::Tcp,
+            BenchTransport::Tls => Transport::Tls,
+            BenchTransport::Kcptun => Transport::Kcptun,
+            BenchTransport::UdpSeed => Transport::UdpSeed,
+            BenchTransport::UdpRobust => Transport::UdpRobust,
+            _ => Transport::Quic,
+        }
+    }
+
     /// Agent options this transport always uses.
     pub fn agent_args(self) -> Vec<String> {
         match self {
             BenchTransport::QuicTuned => TUNED_ARGS.iter().map(|s| s.to_string()).collect(),
-            _ => Vec::new(),
+            t => t.lab_transport().agent_transport_args(),
         }
     }
 
@@ -114,7 +146,9 @@ impl FromStr for BenchTransport {
             .into_iter()
             .find(|t| t.as_str() == s)
             .ok_or_else(|| {
-                anyhow!("unknown transport {s:?} (tcp, tls, quic, quic-rr16, quic-tuned, kcptun)")
+                anyhow!(
+                    "unknown transport {s:?} (tcp, tls, quic, quic-rr16, quic-tuned, kcptun, udp-seed, udp-robust)"
+                )
             })
     }
 }
@@ -306,7 +340,7 @@ impl Pair {
                     client: Some((Arc::new(client), "bench-ctl".into())),
                 });
             }
-            t if t.is_quic() => {
+            t if t.uses_agents() => {
                 let pki = crate::pki::Pki::create(&dir.join("pki"))?;
                 let bin = crate::agents::quicsdn_binary()?;
                 let tls_args = |name: &str| -> Result<Vec<String>> {
@@ -342,8 +376,8 @@ impl Pair {
                     "switch".into(),
                     format!("--controller={CTL_ADDR}:{QUIC_PORT}"),
                     "--server-name=controller-agent".into(),
-                    format!("--streams={}", t.streams().expect("quic")),
                 ];
+                s_args.extend(t.streams().map(|m| format!("--streams={m}")));
                 s_args.extend(tls_args("bench-sw")?);
                 for svc in Service::BOTH {
                     s_args.push(format!(

@@ -176,6 +176,14 @@ pub enum Writer {
 }
 
 impl Reader {
+    /// Sets the read timeout of the underlying socket.
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Reader::Plain(s) | Reader::Tls(s, _) => s.set_read_timeout(t),
+            Reader::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+
     /// Appends plaintext to `out`; `Ok(0)` at end of stream.
     pub fn read_into(&mut self, out: &mut Vec<u8>) -> io::Result<usize> {
         let mut buf = [0u8; 65536];
@@ -352,11 +360,26 @@ pub struct EndReport {
     pub send_span: f64,
     pub received: Vec<Received>,
     pub received_bytes: u64,
+    /// Lossy mode: messages that arrived a second time (dropped).
+    pub duplicates: u64,
+    /// Messages that arrived after one sent later than them.
+    pub out_of_order: u64,
+}
+
+/// A transport allowed to lose messages (`udp-seed`): the receiver stops once
+/// the peer's schedule is over and nothing arrived for `quiet`, instead of
+/// waiting for every message, and counts duplicates instead of failing.
+#[derive(Debug, Clone, Copy)]
+pub struct Lossy {
+    /// When the peer's last message is due, from the start.
+    pub peer_until: Duration,
+    pub quiet: Duration,
 }
 
 /// When an end starts, and how it reports and stops.
 pub struct EndControl {
     pub start: Instant,
+    pub lossy: Option<Lossy>,
     /// Set once the counters are read: the end may close its connection.
     pub stop: Arc<AtomicBool>,
     /// Told `Ok` when everything was sent and received.
@@ -374,15 +397,44 @@ pub fn run_end(
     expect: u64,
     ctl: EndControl,
 ) -> Result<EndReport> {
-    let EndControl { start, stop, done } = ctl;
+    let EndControl {
+        start,
+        lossy,
+        stop,
+        done,
+    } = ctl;
+    if let Some(l) = lossy {
+        // Wake up regularly to see whether the peer is done.
+        rd.set_read_timeout(Some(l.quiet.min(Duration::from_millis(200))))?;
+    }
     let received = std::thread::scope(|scope| -> Result<EndReport> {
-        let recv = scope.spawn(move || -> Result<(Vec<Received>, u64)> {
+        let recv = scope.spawn(move || -> Result<(Vec<Received>, u64, u64, u64)> {
             let mut buf = Vec::with_capacity(1 << 20);
             let mut got: Vec<Received> = Vec::with_capacity(expect as usize);
             let mut seen = vec![false; expect as usize];
             let mut bytes = 0u64;
+            let (mut dups, mut late, mut highest) = (0u64, 0u64, None::<u64>);
+            let mut last_arrival = Instant::now();
             while (got.len() as u64) < expect {
-                let n = rd.read_into(&mut buf)?;
+                let n = match rd.read_into(&mut buf) {
+                    Ok(n) => n,
+                    Err(e)
+                        if lossy.is_some()
+                            && matches!(
+                                e.kind(),
+                                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                            ) =>
+                    {
+                        let l = lossy.expect("checked");
+                        let now = Instant::now();
+                        if now > start + l.peer_until && now - last_arrival > l.quiet {
+                            break;
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                last_arrival = Instant::now();
                 if n == 0 {
                     bail!(
                         "{}: connection closed after {} of {expect} messages",
@@ -397,9 +449,18 @@ pub fn run_end(
                         .get_mut(seq as usize)
                         .ok_or_else(|| anyhow!("{}: unexpected sequence {seq}", svc.name()))?;
                     if *slot {
-                        bail!("{}: message {seq} arrived twice", svc.name());
+                        if lossy.is_none() {
+                            bail!("{}: message {seq} arrived twice", svc.name());
+                        }
+                        dups += 1;
+                        at += len;
+                        continue;
                     }
                     *slot = true;
+                    if highest.is_some_and(|h| seq < h) {
+                        late += 1;
+                    }
+                    highest = highest.max(Some(seq));
                     got.push(Received {
                         seq,
                         size: len,
@@ -411,7 +472,7 @@ pub fn run_end(
                 }
                 buf.drain(..at);
             }
-            Ok((got, bytes))
+            Ok((got, bytes, dups, late))
         });
         let mut report = EndReport::default();
         let (mut first, mut last) = (None, None);
@@ -432,9 +493,11 @@ pub fn run_end(
         if let (Some(f), Some(l)) = (first, last) {
             report.send_span = (l - f).as_secs_f64();
         }
-        let (got, bytes) = recv.join().map_err(|_| anyhow!("receiver panicked"))??;
+        let (got, bytes, dups, late) = recv.join().map_err(|_| anyhow!("receiver panicked"))??;
         report.received = got;
         report.received_bytes = bytes;
+        report.duplicates = dups;
+        report.out_of_order = late;
         let _ = done.send(Ok(()));
         // Keep the connection open (ACKs, retransmissions) until the counters are read.
         while !stop.load(Ordering::Relaxed) {

@@ -79,7 +79,10 @@ pub struct Table1Args {
     #[arg(long)]
     pub quick: bool,
     /// Comma-separated: tcp,tls,quic,quic-rr16,quic-tuned,kcptun.
-    #[arg(long, default_value = "tcp,tls,quic,quic-rr16,quic-tuned,kcptun")]
+    #[arg(
+        long,
+        default_value = "tcp,tls,quic,quic-rr16,quic-tuned,kcptun,udp-seed,udp-robust"
+    )]
     pub transports: String,
     /// Lab prefix of the bench's labs (at most 12 characters).
     #[arg(long, default_value = "qsdnbench")]
@@ -120,17 +123,17 @@ fn plan(quick: bool) -> Vec<(&'static str, u64, u64)> {
 
 const OFPT_HELLO: u8 = 0;
 const OFPT_ERROR: u8 = 1;
-const OFPT_ECHO_REQUEST: u8 = 2;
+pub(crate) const OFPT_ECHO_REQUEST: u8 = 2;
 const OFPT_ECHO_REPLY: u8 = 3;
 const OFPT_FEATURES_REQUEST: u8 = 5;
 const OFPT_FEATURES_REPLY: u8 = 6;
 const OFPT_FLOW_MOD: u8 = 14;
 const OFPT_MULTIPART_REQUEST: u8 = 18;
-const OFPT_MULTIPART_REPLY: u8 = 19;
-const OFPT_BARRIER_REQUEST: u8 = 20;
-const OFPT_BARRIER_REPLY: u8 = 21;
+pub(crate) const OFPT_MULTIPART_REPLY: u8 = 19;
+pub(crate) const OFPT_BARRIER_REQUEST: u8 = 20;
+pub(crate) const OFPT_BARRIER_REPLY: u8 = 21;
 
-fn header(t: u8, len: usize, xid: u32) -> Vec<u8> {
+pub(crate) fn header(t: u8, len: usize, xid: u32) -> Vec<u8> {
     let mut m = openflow::Header {
         version: openflow::OFP13_VERSION,
         msg_type: t,
@@ -201,7 +204,9 @@ pub fn flow_stats_request(xid: u32) -> Vec<u8> {
 
 /// What the OpenFlow reader reports.
 #[derive(Debug)]
-enum OfEvent {
+pub(crate) enum OfEvent {
+    /// An ECHO_REPLY: its xid.
+    Echo(u32),
     Features,
     Barrier(u32),
     /// A flow-stats reply part: xid, entries, more to come.
@@ -224,9 +229,9 @@ fn flow_stats_entries(body: &[u8]) -> Result<u64> {
     Ok(n)
 }
 
-struct OfConn {
-    wr: Arc<Mutex<Writer>>,
-    events: Receiver<OfEvent>,
+pub(crate) struct OfConn {
+    pub(crate) wr: Arc<Mutex<Writer>>,
+    pub(crate) events: Receiver<OfEvent>,
     xid: u32,
 }
 
@@ -243,17 +248,17 @@ impl OfConn {
         }
     }
 
-    fn send(&mut self, m: &[u8]) -> Result<()> {
+    pub(crate) fn send(&mut self, m: &[u8]) -> Result<()> {
         self.wr.lock().expect("writer").send(m)?;
         Ok(())
     }
 
-    fn next_xid(&mut self) -> u32 {
+    pub(crate) fn next_xid(&mut self) -> u32 {
         self.xid += 1;
         self.xid
     }
 
-    fn event(&self, timeout: Duration) -> Result<OfEvent> {
+    pub(crate) fn event(&self, timeout: Duration) -> Result<OfEvent> {
         match self.events.recv_timeout(timeout) {
             Ok(OfEvent::Error(e)) => bail!("OpenFlow error from the switch: {e}"),
             Ok(OfEvent::Closed(e)) => bail!("the OpenFlow connection closed: {e}"),
@@ -264,9 +269,23 @@ impl OfConn {
 
     /// HELLO, then (once OVS reports the connection up, i.e. it has our HELLO:
     /// under `rr:N` a request sent right behind it could overtake it) FEATURES.
-    fn handshake(&mut self, ovs: &crate::ovs::Ovs) -> Result<()> {
+    /// Fails early if this connection ends first (OVS had already left it).
+    pub(crate) fn handshake_within(&mut self, ovs: &crate::ovs::Ovs, t: Duration) -> Result<()> {
         self.send(&header(OFPT_HELLO, 8, 1))?;
-        ovs.wait_connected(BRIDGE, Duration::from_secs(20))?;
+        crate::wait::poll_until(
+            &format!("{BRIDGE} in {} to connect to its controller", ovs.netns),
+            t,
+            || {
+                match self.events.try_recv() {
+                    Ok(OfEvent::Closed(e)) => {
+                        bail!("the connection ended before OVS connected: {e}")
+                    }
+                    Ok(OfEvent::Error(e)) => bail!("OpenFlow error from the switch: {e}"),
+                    _ => {}
+                }
+                Ok(ovs.is_connected(BRIDGE)?.then_some(()))
+            },
+        )?;
         let x = self.next_xid();
         self.send(&header(OFPT_FEATURES_REQUEST, 8, x))?;
         loop {
@@ -345,6 +364,7 @@ fn of_reader(mut rd: Reader, wr: Arc<Mutex<Writer>>, tx: Sender<OfEvent>) {
                         None
                     }
                     OFPT_FEATURES_REPLY => Some(OfEvent::Features),
+                    OFPT_ECHO_REPLY => Some(OfEvent::Echo(h.xid)),
                     OFPT_BARRIER_REPLY => Some(OfEvent::Barrier(h.xid)),
                     OFPT_MULTIPART_REPLY if len >= 16 && msg[8..10] == [0, 1] => {
                         let more = msg[11] & 1 == 1;
@@ -384,7 +404,7 @@ enum DbEvent {
     Closed(String),
 }
 
-struct DbConn {
+pub(crate) struct DbConn {
     wr: Arc<Mutex<Writer>>,
     events: Receiver<DbEvent>,
     id: u64,
@@ -469,19 +489,14 @@ fn db_reader(mut rd: Reader, wr: Arc<Mutex<Writer>>, tx: Sender<DbEvent>) {
 
 // ---- the experiments ----
 
-fn lab_config(prefix: &str, t: BenchTransport) -> LabConfig {
+pub(crate) fn lab_config(prefix: &str, t: BenchTransport) -> LabConfig {
     let mut cfg = LabConfig::new(prefix);
     let s = &mut cfg.settings;
     s.switches = 1;
     s.hosts_per_switch = 0;
     s.controller = ControllerKind::None;
     s.ovsdb = true;
-    s.transport = match t {
-        BenchTransport::Tcp => Transport::Tcp,
-        BenchTransport::Tls => Transport::Tls,
-        BenchTransport::Kcptun => Transport::Kcptun,
-        _ => Transport::Quic,
-    };
+    s.transport = t.lab_transport();
     s.streams = t.streams().map(str::to_string);
     if t == BenchTransport::QuicTuned {
         s.agent_args = TUNED_ARGS.iter().map(|a| a.to_string()).collect();
@@ -512,7 +527,7 @@ pub(crate) fn tls_sides(state: &LabState) -> Result<(TlsSide, TlsSide)> {
 
 /// Opens the benchmark controller's OpenFlow and OVSDB connections (in the
 /// controller namespace) to switch 1.
-fn connect(state: &LabState) -> Result<(OfConn, DbConn)> {
+pub(crate) fn connect(state: &LabState) -> Result<(OfConn, DbConn)> {
     let ovs = state.switches[0].ovs.clone().context("no OVS")?;
     let tls = if state.settings.transport == Transport::Tls {
         Some(tls_sides(state)?)
@@ -530,39 +545,43 @@ fn connect(state: &LabState) -> Result<(OfConn, DbConn)> {
         tls.as_ref().map(|t| t.0.clone()),
         tls.as_ref().map(|t| t.1.clone()),
     );
-    let (tx, rx) = channel::<Result<(Reader, Writer, Reader, Writer)>>();
+    let (tx, rx) = channel::<Result<(Reader, Writer)>>();
     let target = state.switches[0].target.clone().context("no target")?;
     // OVS backs off while nothing listens: take its controller away before
     // listening (so no half-made connection is accepted), give it back after.
     ovs.vsctl(&["del-controller", BRIDGE])?;
     let listening = Arc::new(std::sync::Barrier::new(2));
     let l2 = listening.clone();
+    // Every connection that carries data goes to the handshake below, in order:
+    // a tunnel may still deliver a connection OVS made before its controller was
+    // taken away, with OVS's HELLO and then its end, so the first is not always
+    // the one OVS keeps.
     std::thread::spawn(move || {
-        let r = (|| -> Result<_> {
+        let r = (|| -> Result<()> {
             sys::enter_netns(&ctl_ns)?;
             let l = TcpListener::bind((listen_ip, port))?;
             l2.wait();
-            // A tunnel may still deliver a connection OVS made before its controller
-            // was taken away, already closed: skip connections that end before
-            // OVS's HELLO (or whose TLS handshake fails that way).
-            let (ofr, ofw) = {
-                let mut tries = 0;
-                loop {
-                    tries += 1;
-                    let s = synth::accept_one(&l, Duration::from_secs(30))?;
-                    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-                    let alive =
-                        srv.is_some() || s.peek(&mut [0u8; 1]).map(|n| n > 0).unwrap_or(false);
-                    s.set_read_timeout(None)?;
-                    match alive.then(|| synth::split(s, srv.as_ref())) {
-                        Some(Ok(v)) => break v,
-                        Some(Err(e)) if tries >= 5 => return Err(e),
-                        None if tries >= 5 => bail!("OVS's connections kept closing"),
-                        _ => continue,
-                    }
+            loop {
+                let s = synth::accept_one(&l, Duration::from_secs(30))?;
+                s.set_read_timeout(Some(Duration::from_secs(10)))?;
+                let alive = srv.is_some() || s.peek(&mut [0u8; 1]).map(|n| n > 0).unwrap_or(false);
+                s.set_read_timeout(None)?;
+                if alive && tx.send(synth::split(s, srv.as_ref())).is_err() {
+                    return Ok(());
                 }
-            };
-            let (dbr, dbw) = match &db_addr {
+            }
+        })();
+        if let Err(e) = r {
+            let _ = tx.send(Err(e));
+        }
+    });
+    listening.wait();
+    ovs.set_controller(BRIDGE, &[target])?;
+    let db = {
+        let ctl_ns = state.ctl_netns.clone();
+        std::thread::spawn(move || -> Result<(Reader, Writer)> {
+            sys::enter_netns(&ctl_ns)?;
+            Ok(match &db_addr {
                 OvsdbAddress::Tcp(a) => {
                     synth::split(synth::connect(*a, Duration::from_secs(20))?, None)?
                 }
@@ -577,18 +596,34 @@ fn connect(state: &LabState) -> Result<(OfConn, DbConn)> {
                     )?;
                     (Reader::Unix(s.try_clone()?), Writer::Unix(s))
                 }
-            };
-            Ok((ofr, ofw, dbr, dbw))
-        })();
-        let _ = tx.send(r);
-    });
-    listening.wait();
-    ovs.set_controller(BRIDGE, &[target])?;
-    let (ofr, ofw, dbr, dbw) = rx
-        .recv_timeout(Duration::from_secs(60))
-        .map_err(|_| anyhow!("the benchmark controller could not connect"))??;
-    let mut of = OfConn::start(ofr, ofw);
-    of.handshake(&ovs)?;
+            })
+        })
+    };
+    let mut last = None;
+    let mut of = None;
+    for _ in 0..8 {
+        let (ofr, ofw) = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(r) => r?,
+            Err(_) => break,
+        };
+        let mut c = OfConn::start(ofr, ofw);
+        match c.handshake_within(&ovs, Duration::from_secs(20)) {
+            Ok(()) => {
+                of = Some(c);
+                break;
+            }
+            // A connection OVS had already left: the next one is OVS's.
+            Err(e) => last = Some(e),
+        }
+    }
+    let of = match (of, last) {
+        (Some(of), _) => of,
+        (None, Some(e)) => return Err(e),
+        (None, None) => bail!("the benchmark controller could not connect"),
+    };
+    let (dbr, dbw) = db
+        .join()
+        .map_err(|_| anyhow!("the OVSDB connection thread panicked"))??;
     let db = DbConn::start(dbr, dbw);
     Ok((of, db))
 }

@@ -71,6 +71,7 @@ pub fn switch_config(tls: TlsFiles, controller: SocketAddr, services: &[String])
     SwitchConfig {
         controller: controller.to_string(),
         server_name: "ctl".into(),
+        switch_name: None,
         bind: Some("127.0.0.1:0".parse().unwrap()),
         max_backoff: Duration::from_secs(1),
         reconnect_jitter: Duration::ZERO,

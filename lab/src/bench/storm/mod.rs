@@ -483,6 +483,7 @@ impl Bench {
             bind: Some("127.0.0.1:0".parse().expect("address")),
             max_backoff: Duration::from_secs(8),
             reconnect_jitter: cfg.jitter,
+            switch_name: None,
             common,
         })
     }

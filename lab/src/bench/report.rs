@@ -1,7 +1,7 @@
 //! `quicsdn-lab report`: gathers the latest results of every bench under one
 //! directory (`overhead/`, `tuning/`, `delay/`, `table1/`, `model/`, `hol/`,
-//! `migration/`, `reconnect/`, `storm/`, as `quicsdn-lab bench … --out DIR/NAME`
-//! and `quicsdn-lab model --out DIR/model` write them) into
+//! `migration/`, `reconnect/`, `storm/`, `table2/`, as `quicsdn-lab bench …
+//! --out DIR/NAME` and `quicsdn-lab model --out DIR/model` write them) into
 //! `DIR/README.md`, with the targets of issue 4 evaluated from the CSVs.
 
 use std::fmt::Write as _;
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Result, bail};
 
 use crate::bench::out::md_table;
-use crate::bench::{delay, hol, migration, overhead, reconnect, storm, table1};
+use crate::bench::{delay, hol, migration, overhead, reconnect, storm, table1, table2};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ReportArgs {
@@ -19,7 +19,7 @@ pub struct ReportArgs {
     pub results: PathBuf,
 }
 
-const PARTS: [(&str, &str); 9] = [
+const PARTS: [(&str, &str); 10] = [
     ("overhead", "overhead.md"),
     ("tuning", "tuning.md"),
     ("delay", "delay.md"),
@@ -29,6 +29,7 @@ const PARTS: [(&str, &str); 9] = [
     ("migration", "summary.md"),
     ("reconnect", "summary.md"),
     ("storm", "storm.md"),
+    ("table2", "table2.md"),
 ];
 
 /// Rewrites a part's markdown for inclusion: headings one level down, image
@@ -132,7 +133,7 @@ pub fn run(args: ReportArgs) -> Result<()> {
     }
     if found == 0 {
         bail!(
-            "no results under {} (expected overhead/, tuning/, delay/, table1/, model/, hol/)",
+            "no results under {} (expected bench results in subdirectories such as overhead/, delay/, table1/, model/)",
             d.display()
         );
     }
@@ -157,6 +158,9 @@ pub fn run(args: ReportArgs) -> Result<()> {
     }
     if d.join("storm/restarts.csv").exists() {
         storm::read(&d.join("storm"))?;
+    }
+    if d.join("table2/table2.csv").exists() {
+        table2::read(&d.join("table2"))?;
     }
     std::fs::write(d.join("README.md"), s)?;
     println!("wrote {}", d.join("README.md").display());

@@ -275,11 +275,7 @@ fn summary(csv: &Csv, args: &DelayArgs, reps: u64, took: Duration, plots: &[Path
     }
     s += &md_table(&header, &rows);
     s += "\nPer-message delays are in `delay.csv`.\n";
-    for p in plots {
-        if let Some(n) = p.file_name() {
-            s += &format!("\n![{}]({})\n", n.to_string_lossy(), n.to_string_lossy());
-        }
-    }
+    s += &out::image_links(plots);
     s
 }
 

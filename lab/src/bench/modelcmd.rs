@@ -453,11 +453,7 @@ fn summary(
         }
     }
     let _ = args;
-    for p in plots {
-        if let Some(n) = p.file_name() {
-            s += &format!("\n![{}]({})\n", n.to_string_lossy(), n.to_string_lossy());
-        }
-    }
+    s += &out::image_links(plots);
     s
 }
 

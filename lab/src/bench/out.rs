@@ -167,6 +167,15 @@ pub fn plot(kind: &str, dir: &Path) -> Result<Vec<PathBuf>> {
         .collect())
 }
 
+/// Markdown image links to `plots`, by file name (the summary sits beside them).
+pub fn image_links(plots: &[PathBuf]) -> String {
+    plots
+        .iter()
+        .filter_map(|p| p.file_name())
+        .map(|n| format!("\n![{0}]({0})\n", n.to_string_lossy()))
+        .collect()
+}
+
 /// `x` as a percentage change from `base`, e.g. `-82.1%`.
 pub fn pct_change(x: f64, base: f64) -> String {
     if base == 0.0 {

@@ -502,11 +502,7 @@ fn summary(csv: &Csv, args: &OverheadArgs, took: Duration, plots: &[PathBuf]) ->
     }
     s += &md_table(&header, &rows);
     s += "\nPer-direction numbers (wire, payload, overhead, packets, ACK-only, achieved rate, model prediction) are in `overhead.csv`.\n";
-    for p in plots {
-        if let Some(n) = p.file_name() {
-            s += &format!("\n![{}]({})\n", n.to_string_lossy(), n.to_string_lossy());
-        }
-    }
+    s += &out::image_links(plots);
     Ok(s)
 }
 

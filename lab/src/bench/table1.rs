@@ -1018,11 +1018,7 @@ fn summary(csv: &Csv, took: Duration, plots: &[PathBuf]) -> String {
     }
     s += &md_table(&header, &rows);
     s += "\nOperation counts, durations, frames and reached rates are in `table1.csv`.\n";
-    for p in plots {
-        if let Some(n) = p.file_name() {
-            s += &format!("\n![{}]({})\n", n.to_string_lossy(), n.to_string_lossy());
-        }
-    }
+    s += &out::image_links(plots);
     s
 }
 

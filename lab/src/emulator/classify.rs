@@ -86,18 +86,29 @@ impl Default for Classifier {
     }
 }
 
-const ETH_P_IPV4: u16 = 0x0800;
+pub(crate) const ETH_P_IPV4: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86DD;
 const ETH_P_ARP: u16 = 0x0806;
 const ETH_P_8021Q: u16 = 0x8100;
 const IPPROTO_ICMP: u8 = 1;
-const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
+pub(crate) const IPPROTO_TCP: u8 = 6;
+pub(crate) const IPPROTO_UDP: u8 = 17;
 const IPPROTO_ICMPV6: u8 = 58;
 
 #[inline]
 fn be16(b: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
+}
+
+/// The EtherType of an Ethernet II frame and the offset of its network header,
+/// past at most one 802.1Q tag.
+pub(crate) fn network_header(f: &[u8]) -> Option<(u16, usize)> {
+    let ethertype = be16(f, 12)?;
+    if ethertype == ETH_P_8021Q {
+        Some((be16(f, 16)?, 18))
+    } else {
+        Some((ethertype, 14))
+    }
 }
 
 /// A UDP datagram with at most this many payload bytes counts as ACK-only (see
@@ -123,13 +134,7 @@ impl Classifier {
     }
 
     fn try_is_ack_only(&self, f: &[u8]) -> Option<bool> {
-        let mut off = 12;
-        let mut ethertype = be16(f, off)?;
-        off += 2;
-        if ethertype == ETH_P_8021Q {
-            ethertype = be16(f, off + 2)?;
-            off += 4;
-        }
+        let (ethertype, off) = network_header(f)?;
         let (proto, seg) = match ethertype {
             ETH_P_IPV4 => {
                 let ip = f.get(off..)?;
@@ -180,13 +185,7 @@ impl Classifier {
     }
 
     fn try_classify(&self, f: &[u8]) -> Option<FrameClass> {
-        let mut off = 12;
-        let mut ethertype = be16(f, off)?;
-        off += 2;
-        if ethertype == ETH_P_8021Q {
-            ethertype = be16(f, off + 2)?;
-            off += 4;
-        }
+        let (ethertype, off) = network_header(f)?;
         let none = |class| FrameClass { class, payload: 0 };
         match ethertype {
             ETH_P_ARP => Some(none(Class::Arp)),

@@ -10,6 +10,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use super::control::{Accounting, DirPatch, LinkControl};
 use super::link::{self, DEFAULT_RUN_DIR, LinkRecord, LinkSpec};
 use super::model::{DirSettings, JitterDist, LossModel};
+use super::nat::{NatSettings, Side};
 use super::units::{parse_duration_ns, parse_percent, parse_rate_bps};
 
 const UNITS_HELP: &str = "\
@@ -294,6 +295,25 @@ pub enum LinkCmd {
         #[command(flatten)]
         run_dir: RunDirArg,
     },
+    /// Put a NAT at one end of the link, or rebind the one there: UDP from that
+    /// end gets new source ports from --port up, and UDP to a port with no
+    /// mapping is dropped (as a NAT drops unsolicited traffic). Only IPv4 UDP is
+    /// translated. Running it again forgets every mapping: a rebind.
+    Nat {
+        /// Link name.
+        name: String,
+        /// The end the NAT sits at (a: namespace A's side, b: namespace B's).
+        #[arg(long, value_enum, required_unless_present = "off")]
+        inside: Option<Side>,
+        /// First outside port handed out.
+        #[arg(long, default_value_t = 40001, conflicts_with = "off")]
+        port: u16,
+        /// Remove the NAT (translation stops; mappings are forgotten).
+        #[arg(long)]
+        off: bool,
+        #[command(flatten)]
+        run_dir: RunDirArg,
+    },
     /// Zero the counters.
     Reset {
         /// Link name.
@@ -452,6 +472,33 @@ pub fn link(args: LinkArgs) -> Result<()> {
                 };
             }
             println!("{}", serde_json::to_string_pretty(&v)?);
+            Ok(())
+        }
+        LinkCmd::Nat {
+            name,
+            inside,
+            port,
+            off,
+            run_dir,
+        } => {
+            let settings = inside.filter(|_| !off).map(|inside| NatSettings {
+                inside,
+                first_port: port,
+            });
+            let st = control_for(&run_dir.get(), &name).nat(settings)?;
+            match st.nat {
+                Some(n) => {
+                    let ns = match n.settings.inside {
+                        Side::A => &st.ns_a,
+                        Side::B => &st.ns_b,
+                    };
+                    eprintln!(
+                        "link {name}: NAT in front of {ns}: no mappings; UDP and TCP from {ns} get ports from {} up",
+                        n.settings.first_port
+                    )
+                }
+                None => eprintln!("link {name}: no NAT"),
+            }
             Ok(())
         }
         LinkCmd::Reset { name, run_dir } => {

@@ -6,11 +6,15 @@
 //! ```json
 //! {"cmd":"show"}
 //! {"cmd":"set","a_to_b":{"delay_ns":25000000},"b_to_a":{"loss":{"model":"bernoulli","p":0.01}}}
+//! {"cmd":"nat","settings":{"inside":"b","first_port":40001}}
+//! {"cmd":"nat","settings":null}
 //! {"cmd":"reset_counters"}
 //! {"cmd":"shutdown"}
 //! ```
 //!
-//! `set` takes a [`DirPatch`] per direction: only the fields present change. Every answer
+//! `set` takes a [`DirPatch`] per direction: only the fields present change. `nat`
+//! installs a fresh NAT at one end ([`super::nat`]; a NAT already there is replaced, so
+//! its mappings are gone: a rebind) or, with `null`, removes it. Every answer
 //! is `{"ok":true,"state":{…}}` ([`LinkState`], raw counters) or `{"ok":false,"error":"…"}`.
 //! [`LinkState::report`] turns raw counters into a [`LinkReport`] under a stated wire
 //! accounting convention ([`Accounting`]).
@@ -26,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use super::classify::Class;
 use super::model::{ClassCounters, DirCounters, DirSettings, JitterDist, LossModel, Tally};
+use super::nat::{NatSettings, NatState};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
@@ -37,6 +42,9 @@ pub enum Request {
         a_to_b: Option<DirPatch>,
         #[serde(default)]
         b_to_a: Option<DirPatch>,
+    },
+    Nat {
+        settings: Option<NatSettings>,
     },
     ResetCounters,
     Shutdown,
@@ -117,6 +125,9 @@ pub struct LinkState {
     pub counting_ns: u64,
     pub a_to_b: DirState,
     pub b_to_a: DirState,
+    /// The NAT at one end, if one is installed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nat: Option<NatState>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -249,6 +260,8 @@ pub struct LinkReport {
     pub accounting: AccountingReport,
     pub a_to_b: DirReport,
     pub b_to_a: DirReport,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nat: Option<NatState>,
 }
 
 impl LinkState {
@@ -284,6 +297,7 @@ impl LinkState {
             },
             a_to_b: dir(&self.a_to_b, &self.ns_a, &self.ns_b),
             b_to_a: dir(&self.b_to_a, &self.ns_b, &self.ns_a),
+            nat: self.nat.clone(),
         }
     }
 }
@@ -342,6 +356,12 @@ impl LinkControl {
     /// Same patch for both directions.
     pub fn set_both(&self, patch: DirPatch) -> Result<LinkState> {
         self.set(Some(patch.clone()), Some(patch))
+    }
+
+    /// Installs a fresh NAT (replacing, and so rebinding, one already there) or,
+    /// with `None`, removes it.
+    pub fn nat(&self, settings: Option<NatSettings>) -> Result<LinkState> {
+        self.request(&Request::Nat { settings })
     }
 
     pub fn reset_counters(&self) -> Result<LinkState> {

@@ -21,6 +21,7 @@ use anyhow::{Context, Result, bail};
 use super::control::{DirState, LinkState, Request, Response};
 use super::link::LinkSpec;
 use super::model::{Pipe, Verdict};
+use super::nat::{Nat, Side};
 use super::rng::Xoshiro256pp;
 use super::sys::{self, Epoll, TimerFd};
 
@@ -88,6 +89,17 @@ struct Forwarder {
     pipes: [Pipe<Xoshiro256pp>; 2],
     pools: [Pool; 2],
     counting_since: u64,
+    /// A NAT at one end: it translates frames read from that end's TAP and
+    /// frames about to be written to it.
+    nat: Option<Nat>,
+}
+
+/// The index into `taps` of one end of the link.
+fn tap_index(side: Side) -> usize {
+    match side {
+        Side::A => 0,
+        Side::B => 1,
+    }
 }
 
 /// Runs the forwarder for `spec` until a signal or a `shutdown` request. Prints `ready`
@@ -152,6 +164,7 @@ pub fn run(spec: LinkSpec) -> Result<()> {
         pools: [Pool::new(buf_size, 256), Pool::new(buf_size, 256)],
         taps: [tap_a, tap_b],
         counting_since: sys::monotonic_ns(),
+        nat: None,
         spec,
     };
     let mut conns: Vec<Option<Conn>> = Vec::new();
@@ -270,11 +283,21 @@ impl Forwarder {
         let fd: RawFd = self.taps[dir].as_raw_fd();
         let pool = &mut self.pools[dir];
         let pipe = &mut self.pipes[dir];
+        let mut nat = self
+            .nat
+            .as_mut()
+            .filter(|n| tap_index(n.settings().inside) == dir);
         for _ in 0..BATCH {
             let t = pool.get();
             let buf = &mut pool.bufs[t as usize];
             match sys::read(fd, buf) {
                 Ok(n) if n > 0 => {
+                    if let Some(nat) = nat.as_mut()
+                        && !nat.outbound(&mut buf[..n])
+                    {
+                        pool.put(t);
+                        continue;
+                    }
                     pool.lens[t as usize] = n as u32;
                     let now = sys::monotonic_ns();
                     match pipe.offer(now, &buf[..n], t) {
@@ -302,11 +325,17 @@ impl Forwarder {
         let now = sys::monotonic_ns();
         for dir in 0..2 {
             let out: RawFd = self.taps[1 - dir].as_raw_fd();
+            let mut nat = self
+                .nat
+                .as_mut()
+                .filter(|n| tap_index(n.settings().inside) == 1 - dir);
             while let Some(r) = self.pipes[dir].poll_release(now) {
                 let pool = &mut self.pools[dir];
-                if r.deliver {
-                    let len = pool.lens[r.token as usize] as usize;
-                    match sys::write(out, &pool.bufs[r.token as usize][..len]) {
+                let len = pool.lens[r.token as usize] as usize;
+                let frame = &mut pool.bufs[r.token as usize][..len];
+                // The link delivered it; the NAT at the receiving end may still drop it.
+                if r.deliver && nat.as_mut().is_none_or(|n| n.inbound(frame)) {
+                    match sys::write(out, frame) {
                         Ok(n) if n == len => {}
                         _ => self.pipes[dir].note_tx_error(&r),
                     }
@@ -335,6 +364,7 @@ impl Forwarder {
             counting_ns: sys::monotonic_ns() - self.counting_since,
             a_to_b: dir(&self.pipes[0]),
             b_to_a: dir(&self.pipes[1]),
+            nat: self.nat.as_ref().map(Nat::state),
         }
     }
 
@@ -378,6 +408,17 @@ impl Forwarder {
                         self.pipes[dir].set_settings(s);
                     }
                 }
+                (ok(self), false)
+            }
+            Request::Nat { settings } => {
+                match settings {
+                    Some(s) => eprintln!(
+                        "link {}: NAT at side {:?}, outside ports from {} (no mappings yet)",
+                        self.spec.name, s.inside, s.first_port
+                    ),
+                    None => eprintln!("link {}: NAT removed", self.spec.name),
+                }
+                self.nat = settings.map(Nat::new);
                 (ok(self), false)
             }
             Request::ResetCounters => {

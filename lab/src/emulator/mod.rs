@@ -66,6 +66,7 @@ pub mod control;
 pub mod forwarder;
 pub mod link;
 pub mod model;
+pub mod nat;
 pub mod rng;
 pub mod sys;
 pub mod traffic;
@@ -78,3 +79,4 @@ pub use link::{
     spawn_forwarder,
 };
 pub use model::{DirSettings, JitterDist, LossModel};
+pub use nat::{NatSettings, NatState, Side};

@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::emulator::link::DEFAULT_RUN_DIR;
 use crate::emulator::{
-    DirSettings, LinkRecord, LinkSpec, LinkState, LossModel, create_link, destroy_link,
-    destroy_link_by_name, units,
+    DirSettings, LinkControl, LinkRecord, LinkSpec, LinkState, LossModel, NatSettings, create_link,
+    destroy_link, destroy_link_by_name, units,
 };
 use crate::process::ProcRecord;
 
@@ -221,12 +221,22 @@ impl ControlLink {
         Ok(link)
     }
 
-    /// The emulator's live state (settings and counters).
-    pub fn state(&self) -> Result<LinkState> {
+    fn control(&self) -> Result<LinkControl> {
         match &self.emulator {
-            Some(rec) => rec.control().show(),
+            Some(rec) => Ok(rec.control()),
             None => bail!("control link {} was never created", self.spec.link_name()),
         }
+    }
+
+    /// The emulator's live state (settings and counters).
+    pub fn state(&self) -> Result<LinkState> {
+        self.control()?.show()
+    }
+
+    /// Installs (or rebinds, or with `None` removes) a NAT on the link. The
+    /// link's side A is the controller's end, side B the switch's.
+    pub fn set_nat(&self, settings: Option<NatSettings>) -> Result<LinkState> {
+        self.control()?.nat(settings)
     }
 
     /// Stops the forwarder (PID-checked) and removes the TAPs. Idempotent.

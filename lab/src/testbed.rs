@@ -30,6 +30,7 @@ use crate::agents::{
     AgentTls, lab_binary, openflow_socket, start_controller_agent, start_switch_agent,
 };
 use crate::control_link::{ControlLink, ControlLinkSpec, Impairment};
+use crate::emulator::nat::{NatSettings, Side};
 use crate::emulator::sys::in_netns;
 use crate::host::{HostSpec, attach_host};
 use crate::netns::Netns;
@@ -364,48 +365,22 @@ impl Testbed {
         Ok(())
     }
 
-    /// Puts a NAT in front of the switch and rebinds it, as a home or carrier
-    /// NAT does when its mapping expires: traffic from the switch namespace to
-    /// the controller side leaves from `port` of the switch's address (an
-    /// nftables SNAT rule in table `quicsdn_nat`), and the existing conntrack
-    /// mappings are dropped so the very next packet takes the new one. The
-    /// switch agent's socket does not change; only the far side sees a new
+    /// Puts a NAT in front of the switch, or rebinds the one there, as a home
+    /// or carrier NAT does when its mapping expires: from now on UDP from the
+    /// switch leaves from `port` of the switch's address. The NAT is the
+    /// control link's own ([`crate::emulator::nat`]), at the switch's end: the
+    /// switch agent's socket does not change, only the far side sees a new
     /// source port. Like a real NAT, it drops what arrives from the controller
     /// side without a mapping, so the switch's next packet, not a late one from
-    /// the far side, creates the new mapping. Call again with another port to
-    /// rebind again.
+    /// the far side, decides where the connection goes. Call again with another
+    /// port to rebind again.
     pub fn nat_rebind_switch(&self, port: u16) -> Result<()> {
-        let spec = &self.link().spec;
-        let (_, sw) = names(&self.prefix);
-        let sw = Netns::named(sw);
-        let (addr, peer) = (spec.sw_addr().to_string(), spec.ctl_addr().to_string());
-        let rules = format!(
-            "table ip quicsdn_nat {{}}\n\
-             delete table ip quicsdn_nat\n\
-             table ip quicsdn_nat {{\n\
-               chain postrouting {{\n\
-                 type nat hook postrouting priority srcnat; policy accept;\n\
-                 ip daddr {peer} meta l4proto udp snat to {addr}:{port}\n\
-               }}\n\
-               chain input {{\n\
-                 type filter hook input priority filter; policy accept;\n\
-                 ip saddr {peer} meta l4proto udp ct state new drop\n\
-               }}\n\
-             }}\n"
-        );
-        let path = self.dir.join("nat.nft");
-        std::fs::write(&path, rules)?;
-        sw.exec(&["nft", "-f", &path.to_string_lossy()])?;
-        // conntrack exits 1 when there was no mapping to delete; anything else
-        // (not installed, no permission) is an error.
-        if let Err(e) = sw.exec(&["conntrack", "-D", "-p", "udp"])
-            && !format!("{e:#}").contains("0 flow entries have been deleted")
-        {
-            return Err(
-                e.context("deleting the NAT's mappings (scripts/install-deps installs conntrack)")
-            );
-        }
-        Ok(())
+        self.link()
+            .set_nat(Some(NatSettings {
+                inside: Side::B,
+                first_port: port,
+            }))
+            .map(drop)
     }
 
     /// Takes the switch's connection and completes the handshake. OVS may drop

@@ -63,9 +63,10 @@ pub struct MigrationArgs {
     #[arg(long)]
     pub no_plots: bool,
     /// What changes during the outage: `readdress` (the switch namespace's
-    /// control interface gets a new address) or `rebind` (the switch agent
-    /// moves to a new UDP port, as after a NAT rebinding; quic only: OVS's
-    /// TCP connection has no such knob).
+    /// control interface gets a new address), `nat` (a NAT in front of the
+    /// switch rebinds: its traffic leaves from new ports, and what comes back
+    /// to the old ones is dropped) or `rebind` (the switch agent moves to a new
+    /// UDP port itself; quic only: OVS's TCP connection has no such knob).
     #[arg(long, default_value = "readdress")]
     pub change: String,
 }
@@ -73,6 +74,7 @@ pub struct MigrationArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Change {
     Readdress,
+    Nat,
     Rebind,
 }
 
@@ -80,8 +82,9 @@ impl Change {
     fn parse(s: &str) -> Result<Change> {
         match s {
             "readdress" => Ok(Change::Readdress),
+            "nat" => Ok(Change::Nat),
             "rebind" => Ok(Change::Rebind),
-            other => bail!("--change {other:?}: readdress or rebind"),
+            other => bail!("--change {other:?}: readdress, nat or rebind"),
         }
     }
 
@@ -89,6 +92,9 @@ impl Change {
         match self {
             Change::Readdress => format!(
                 "the switch namespace's control interface is re-addressed (10.254.1.2 → {NEW_ADDR})"
+            ),
+            Change::Nat => format!(
+                "a NAT in front of the switch rebinds (its UDP and TCP leave from port {NAT_PORT} up; packets to the old ports are dropped)"
             ),
             Change::Rebind => "the switch agent moves to a new UDP port (`quicsdn control … rebind`, what a NAT rebinding does to the source port)".into(),
         }
@@ -154,6 +160,8 @@ const BIN: Duration = Duration::from_millis(100);
 const DATA_PORT: u16 = 5001;
 /// The switch side's address after the move (beside the link's 10.254.1.0/30).
 const NEW_ADDR: Ipv4Addr = Ipv4Addr::new(10, 254, 1, 6);
+/// The first port the NAT of `--change nat` hands out after the rebind.
+const NAT_PORT: u16 = 40001;
 /// Cookie of the host 1 → host 2 flow, whose statistics are polled.
 const FLOW_COOKIE: u64 = 0x51;
 
@@ -508,6 +516,10 @@ fn run_one(t: Transport, args: &MigrationArgs, plan: Plan) -> Result<Trace> {
                         Change::Readdress => {
                             bed.readdress_switch(NEW_ADDR)?;
                             format!("switch re-addressed to {NEW_ADDR}")
+                        }
+                        Change::Nat => {
+                            bed.nat_rebind_switch(NAT_PORT)?;
+                            format!("NAT in front of the switch rebound (ports from {NAT_PORT})")
                         }
                         Change::Rebind => format!(
                             "switch agent rebound to {}",

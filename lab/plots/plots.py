@@ -218,7 +218,9 @@ def migration(d):
     axes[3].set_yticks(range(1, len(transports) + 1))
     axes[3].set_yticklabels(list(reversed(transports)))
     axes[3].set_ylim(0.4, len(transports) + 0.6)
-    axes[3].set_xlabel("seconds from the start of polling (shaded: control link down, switch re-addressed)")
+    # The event logged with the cut (the bench's --change), e.g. "switch re-addressed to …".
+    change = next((r["detail"] for r in data if r["series"] == "link" and r["detail"] not in ("down", "up")), "")
+    axes[3].set_xlabel(f"seconds from the start of polling (shaded: control link down; {change})")
     for ax in axes[:3]:
         ax.legend(fontsize=7, loc="upper left")
     axes[3].legend(fontsize=6, loc="upper left", ncol=3)

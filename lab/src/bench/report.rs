@@ -1,6 +1,6 @@
 //! `quicsdn-lab report`: gathers the latest results of every bench under one
 //! directory (`overhead/`, `tuning/`, `delay/`, `table1/`, `model/`, `hol/`,
-//! `migration/`, `reconnect/`, `storm/`, `table2/`, as `quicsdn-lab bench …
+//! `migration/`, `migration-nat/`, `reconnect/`, `storm/`, `table2/`, as `quicsdn-lab bench …
 //! --out DIR/NAME` and `quicsdn-lab model --out DIR/model` write them) into
 //! `DIR/README.md`, with the targets of issue 4 evaluated from the CSVs.
 
@@ -19,7 +19,7 @@ pub struct ReportArgs {
     pub results: PathBuf,
 }
 
-const PARTS: [(&str, &str); 10] = [
+const PARTS: [(&str, &str); 11] = [
     ("overhead", "overhead.md"),
     ("tuning", "tuning.md"),
     ("delay", "delay.md"),
@@ -27,6 +27,7 @@ const PARTS: [(&str, &str); 10] = [
     ("model", "model.md"),
     ("hol", "hol.md"),
     ("migration", "summary.md"),
+    ("migration-nat", "summary.md"),
     ("reconnect", "summary.md"),
     ("storm", "storm.md"),
     ("table2", "table2.md"),
@@ -150,8 +151,10 @@ pub fn run(args: ReportArgs) -> Result<()> {
     if d.join("hol/hol.csv").exists() {
         hol::read(&d.join("hol"))?;
     }
-    if d.join("migration/summary.csv").exists() {
-        migration::read_summary(&d.join("migration"))?;
+    for part in ["migration", "migration-nat"] {
+        if d.join(part).join("summary.csv").exists() {
+            migration::read_summary(&d.join(part))?;
+        }
     }
     if d.join("reconnect/reconnect.csv").exists() {
         reconnect::read(&d.join("reconnect"))?;

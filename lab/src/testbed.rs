@@ -366,8 +366,8 @@ impl Testbed {
     }
 
     /// Puts a NAT in front of the switch, or rebinds the one there, as a home
-    /// or carrier NAT does when its mapping expires: from now on UDP from the
-    /// switch leaves from `port` of the switch's address. The NAT is the
+    /// or carrier NAT does when its mapping expires: from now on UDP and TCP
+    /// from the switch leave from `port` of the switch's address (and up). The NAT is the
     /// control link's own ([`crate::emulator::nat`]), at the switch's end: the
     /// switch agent's socket does not change, only the far side sees a new
     /// source port. Like a real NAT, it drops what arrives from the controller

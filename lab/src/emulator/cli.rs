@@ -295,10 +295,11 @@ pub enum LinkCmd {
         #[command(flatten)]
         run_dir: RunDirArg,
     },
-    /// Put a NAT at one end of the link, or rebind the one there: UDP from that
-    /// end gets new source ports from --port up, and UDP to a port with no
-    /// mapping is dropped (as a NAT drops unsolicited traffic). Only IPv4 UDP is
-    /// translated. Running it again forgets every mapping: a rebind.
+    /// Put a NAT at one end of the link, or rebind the one there: UDP and TCP
+    /// from that end get new source ports from --port up, and what arrives for
+    /// a port with no mapping is dropped (as a NAT drops unsolicited traffic).
+    /// Only IPv4 UDP and TCP are translated. Running it again forgets every
+    /// mapping: a rebind.
     Nat {
         /// Link name.
         name: String,

@@ -88,11 +88,17 @@ impl ProcRecord {
         if poll_until(&format!("{} to exit", self.name), grace, gone).is_ok() {
             return Ok(());
         }
+        self.kill()
+    }
+
+    /// Stops the process with SIGKILL, as a crash would, and waits until it is
+    /// gone. Ok when it is gone (or was already gone).
+    pub fn kill(&self) -> Result<()> {
         self.signal(libc::SIGKILL);
         poll_until(
             &format!("{} (pid {}) to die after SIGKILL", self.name, self.pid),
             Duration::from_secs(5),
-            gone,
+            || Ok((!self.is_alive()).then_some(())),
         )
     }
 }

@@ -10,6 +10,8 @@
 //!   reconnect; a longer one makes the switch agent close OVS's connection,
 //!   before OVS's own inactivity probe would have, and OVS comes back when the
 //!   path does.
+//! * After a crash of the controller agent its successor resets the old
+//!   connection at once, and OVS reconnects through a new one.
 
 mod common;
 
@@ -412,4 +414,44 @@ fn the_grace_period_holds_ovs_through_a_short_outage_and_lets_go_after_it() {
     bed.ovs().wait_connected("br0", PATIENCE).unwrap();
     bed.ping_through_fresh_flows();
     assert!(bed.ovs_connections() > connections, "{}", bed.ovs_log());
+}
+
+#[test]
+fn after_a_controller_agent_crash_its_successor_resets_the_old_connection() {
+    let _s = serial();
+    require_root();
+    // A grace period near its maximum: the switch agent must hear of the crash
+    // from the new agent, not from silence.
+    let mut bed = Bed::up(Duration::from_millis(5), &["--grace=14s"]);
+    bed.ping_ok();
+    let connections = bed.ovs_connections();
+
+    // A crash: no CONNECTION_CLOSE. The new agent on the same address and with
+    // the same key has no state for the old connection, so the switch agent's
+    // next packet (a keep-alive at the latest) earns a stateless reset, which
+    // the switch agent accepts (RFC 9000 §10.3): the reset key is derived from
+    // the agent's private key and address, not drawn at random.
+    bed.controller_agent.take().unwrap().kill().unwrap();
+    bed.start_controller_agent(2);
+    let sw_log = bed.dir.join("switch-agent.log");
+    let lost = poll_until(
+        "the switch agent to drop the old connection",
+        PATIENCE,
+        || {
+            let log = std::fs::read_to_string(&sw_log)?;
+            Ok(log
+                .lines()
+                .find(|l| l.contains("connection to the controller agent lost"))
+                .map(str::to_string))
+        },
+    )
+    .unwrap();
+    assert!(lost.contains("(reset by peer)"), "{lost}");
+
+    // OVS's session restarts on the new connection and os-ken programs the
+    // switch afresh.
+    bed.wipe_flows();
+    bed.ovs().wait_connected("br0", PATIENCE).unwrap();
+    bed.ping_through_fresh_flows();
+    assert_eq!(bed.ovs_connections(), connections + 1, "{}", bed.ovs_log());
 }

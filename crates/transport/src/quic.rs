@@ -5,6 +5,7 @@ use crate::resumption::SessionStore;
 use crate::tls::{Credentials, TlsError};
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Endpoint, EndpointConfig, IdleTimeout, TransportConfig, VarInt};
+use quinn_proto::HashedConnectionIdGenerator;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -189,12 +190,76 @@ pub fn server_endpoint(
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     server.transport_config(Arc::new(transport_config(opts)?));
     let socket = udp_socket(listen)?;
-    Ok(Endpoint::new(
-        EndpointConfig::default(),
-        Some(server),
-        socket,
-        runtime()?,
-    )?)
+    let keys = RestartStableKeys::new(creds, listen);
+    let mut config = EndpointConfig::new(keys.stateless_reset());
+    let cid_key = keys.connection_ids();
+    config.cid_generator(move || Box::new(HashedConnectionIdGenerator::from_key(cid_key)));
+    // After a crash every switch agent lost contact at the same instant, so
+    // their probes arrive together; quinn's default of one reset per 20 ms
+    // answered a few per burst and left the rest to their grace period. No
+    // limit instead: a reset is always smaller than the packet that caused it
+    // (RFC 9000 §10.3.3), so it amplifies nothing, and only a packet whose
+    // connection ID passes the keyed check below earns one.
+    config.min_reset_interval(Duration::ZERO);
+    Ok(Endpoint::new(config, Some(server), socket, runtime()?)?)
+}
+
+/// The controller agent's keys that must outlive it, so that an agent
+/// restarted after a crash (on the same address, with the same private key)
+/// answers the packets of its predecessor's connections with stateless resets
+/// the switch agents accept (RFC 9000 §10.3: "an endpoint that has lost
+/// state"), and they reconnect at once instead of at the end of their grace
+/// period. Two are needed: the stateless-reset key (§10.3.2), and the key of
+/// quinn's connection-ID check, which otherwise drops a packet for a
+/// connection ID the new agent did not issue before considering a reset.
+///
+/// Both are derived (HKDF-SHA256, RFC 5869) from the private key and the
+/// listen address instead of drawn at random. The address is in the
+/// derivation because §10.3.2 warns against endpoints sharing a static key:
+/// two controller agents with one certificate on two addresses get different
+/// keys. Only a holder of the private key, who could impersonate the agent
+/// anyway, can compute them.
+struct RestartStableKeys {
+    prk: ring::hkdf::Prk,
+    address: String,
+}
+
+/// An HKDF output length, for ring.
+struct Len(usize);
+
+impl ring::hkdf::KeyType for Len {
+    fn len(&self) -> usize {
+        self.0
+    }
+}
+
+impl RestartStableKeys {
+    fn new(creds: &Credentials, listen: SocketAddr) -> Self {
+        let salt = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, b"quicsdn controller agent v1");
+        RestartStableKeys {
+            prk: salt.extract(creds.private_key_der()),
+            address: listen.to_string(),
+        }
+    }
+
+    fn stateless_reset(&self) -> Arc<dyn quinn::crypto::HmacKey> {
+        let info = [b"stateless reset".as_slice(), self.address.as_bytes()];
+        let okm = self
+            .prk
+            .expand(&info, ring::hmac::HMAC_SHA256)
+            .expect("HMAC-SHA256's key length is a valid HKDF-SHA256 output length");
+        Arc::new(ring::hmac::Key::from(okm))
+    }
+
+    fn connection_ids(&self) -> u64 {
+        let info = [b"connection ids".as_slice(), self.address.as_bytes()];
+        let mut key = [0u8; 8];
+        self.prk
+            .expand(&info, Len(key.len()))
+            .and_then(|okm| okm.fill(&mut key))
+            .expect("8 bytes is a valid HKDF-SHA256 output length");
+        u64::from_le_bytes(key)
+    }
 }
 
 /// The switch agent's client configuration.
@@ -243,4 +308,63 @@ pub fn client_endpoint(
     let mut endpoint = Endpoint::new(config, None, socket, runtime()?)?;
     endpoint.set_default_client_config(client_config(creds, opts)?);
     Ok(endpoint)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pki::{Validity, init_ca, issue};
+    use crate::tls::TlsFiles;
+
+    fn creds(dir: &std::path::Path, name: &str) -> Credentials {
+        let (ca, _) = crate::pki::ca_paths(dir);
+        if !ca.exists() {
+            init_ca(dir, "CA", Validity::days(1)).unwrap();
+        }
+        let (cert, key) = issue(dir, name, &[], Validity::days(1)).unwrap();
+        Credentials::load(&TlsFiles { ca, cert, key }).unwrap()
+    }
+
+    /// What a reset key makes of a connection ID: its stateless-reset token.
+    fn token(keys: &RestartStableKeys, cid: &[u8]) -> Vec<u8> {
+        let key = keys.stateless_reset();
+        let mut out = vec![0; key.signature_len()];
+        key.sign(cid, &mut out);
+        out
+    }
+
+    #[test]
+    fn the_restart_stable_keys_survive_a_restart_and_differ_per_key_and_address() {
+        use quinn::ConnectionIdGenerator;
+        let dir = tempfile::tempdir().unwrap();
+        let ctl = creds(dir.path(), "ctl");
+        let other = creds(dir.path(), "ctl2");
+        let addr: SocketAddr = "10.254.1.1:6653".parse().unwrap();
+        let elsewhere: SocketAddr = "10.254.1.1:6654".parse().unwrap();
+        let keys = RestartStableKeys::new(&ctl, addr);
+        let cid = [7u8; 8];
+        // A restart reloads the same files.
+        let (cert, key) = crate::pki::cert_paths(dir.path(), "ctl");
+        let ca = crate::pki::ca_paths(dir.path()).0;
+        let reloaded = Credentials::load(&TlsFiles { ca, cert, key }).unwrap();
+        let restarted = RestartStableKeys::new(&reloaded, addr);
+        assert_eq!(token(&restarted, &cid), token(&keys, &cid));
+        assert_eq!(restarted.connection_ids(), keys.connection_ids());
+        // The restarted agent recognises its predecessor's connection IDs.
+        let issued = HashedConnectionIdGenerator::from_key(keys.connection_ids()).generate_cid();
+        let check = HashedConnectionIdGenerator::from_key(restarted.connection_ids());
+        assert!(check.validate(&issued).is_ok());
+        // Another private key, or another address: other keys.
+        for k in [
+            RestartStableKeys::new(&other, addr),
+            RestartStableKeys::new(&ctl, elsewhere),
+        ] {
+            assert_ne!(token(&k, &cid), token(&keys, &cid));
+            assert_ne!(k.connection_ids(), keys.connection_ids());
+            let check = HashedConnectionIdGenerator::from_key(k.connection_ids());
+            assert!(check.validate(&issued).is_err());
+        }
+        // Another connection ID: another token.
+        assert_ne!(token(&keys, &[8u8; 8]), token(&keys, &cid));
+    }
 }

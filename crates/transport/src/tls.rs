@@ -149,6 +149,11 @@ impl Credentials {
 
     /// rustls configuration for the controller agent (QUIC server): present our
     /// certificate, require one from every client.
+    /// This agent's private key (DER), for keys derived from it.
+    pub(crate) fn private_key_der(&self) -> &[u8] {
+        self.key.secret_der()
+    }
+
     pub fn server_config(&self) -> Result<rustls::ServerConfig, TlsError> {
         let provider = provider();
         let verifier =

@@ -81,7 +81,8 @@ pub struct StormArgs {
     pub restarts: Option<u32>,
     /// How the controller agent is stopped: `term` (SIGTERM: it closes every
     /// connection, so the switch agents know at once) or `kill` (SIGKILL, a
-    /// crash: they find out when their grace period runs out).
+    /// crash: they find out from the new agent's stateless resets, or at the
+    /// end of their grace period).
     #[arg(long, value_enum, default_value = "term")]
     pub stop: Stop,
     /// Give up waiting for the switches after this many seconds per restart.
@@ -636,18 +637,7 @@ impl Bench {
         match self.stop {
             // The agent closes every connection with SHUTDOWN and exits.
             Stop::Term => ctl.proc.terminate(Duration::from_secs(10))?,
-            Stop::Kill => {
-                if ctl.proc.is_alive() {
-                    // SAFETY: kill has no memory-safety preconditions;
-                    // is_alive checked the PID against its start time.
-                    unsafe { libc::kill(ctl.proc.pid as libc::pid_t, libc::SIGKILL) };
-                }
-                poll_until(
-                    "the controller agent to die",
-                    Duration::from_secs(10),
-                    || Ok((!ctl.proc.is_alive()).then_some(())),
-                )?;
-            }
+            Stop::Kill => ctl.proc.kill()?,
         }
         // The last of a killed process's threads may hold the socket a little
         // longer than its main thread lives.
@@ -884,7 +874,8 @@ fn write_results(dir: &Path, steadies: &[Steady], restarts: &[Restart], stop: St
         steadies.first().map_or(0, |s| s.switches),
         match stop {
             Stop::Term => "SIGTERM (the agent closes every connection)",
-            Stop::Kill => "SIGKILL (a crash: the switch agents notice at their grace period)",
+            Stop::Kill =>
+                "SIGKILL (a crash: the switch agents learn of it when their next packet, a keep-alive at the latest, earns a stateless reset from the new agent)",
         },
         DEFAULT_RECONNECT_JITTER.as_millis()
     );

@@ -197,8 +197,9 @@ pub fn server_endpoint(
     // After a crash every switch agent lost contact at the same instant, so
     // their probes arrive together; quinn's default of one reset per 20 ms
     // answered a few per burst and left the rest to their grace period. No
-    // limit instead: a reset is always smaller than the packet that caused it
-    // (RFC 9000 §10.3.3), so it amplifies nothing, and only a packet whose
+    // limit instead: RFC 9000 §10.3.3 "An endpoint MUST ensure that every
+    // Stateless Reset that it sends is smaller than the packet that triggered
+    // it" (quinn does), so it amplifies nothing, and only a packet whose
     // connection ID passes the keyed check below earns one.
     config.min_reset_interval(Duration::ZERO);
     Ok(Endpoint::new(config, Some(server), socket, runtime()?)?)
@@ -207,9 +208,10 @@ pub fn server_endpoint(
 /// The controller agent's keys that must outlive it, so that an agent
 /// restarted after a crash (on the same address, with the same private key)
 /// answers the packets of its predecessor's connections with stateless resets
-/// the switch agents accept (RFC 9000 §10.3: "an endpoint that has lost
-/// state"), and they reconnect at once instead of at the end of their grace
-/// period. Two are needed: the stateless-reset key (§10.3.2), and the key of
+/// the switch agents accept, and they reconnect at once instead of at the end
+/// of their grace period (RFC 9000 §10.3: "A crash or outage might result in
+/// peers continuing to send data to an endpoint that is unable to properly
+/// continue the connection."). Two are needed: the stateless-reset key (§10.3.2), and the key of
 /// quinn's connection-ID check, which otherwise drops a packet for a
 /// connection ID the new agent did not issue before considering a reset.
 ///

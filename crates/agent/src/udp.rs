@@ -114,6 +114,27 @@ struct Handle {
     closed: watch::Receiver<bool>,
 }
 
+impl Handle {
+    /// A handle on a new association's driver, with the driver's ends: its
+    /// command queue and the sender of its `closed` flag.
+    fn new(
+        switch: Arc<str>,
+        side: Opener,
+    ) -> (Handle, mpsc::UnboundedReceiver<Cmd>, watch::Sender<bool>) {
+        let (cmds_tx, cmds) = mpsc::unbounded_channel();
+        let (closed_tx, closed) = watch::channel(false);
+        let handle = Handle {
+            cmds: cmds_tx,
+            wake: Arc::new(Notify::new()),
+            switch,
+            side,
+            next_session: Arc::new(AtomicU64::new(0)),
+            closed,
+        };
+        (handle, cmds, closed_tx)
+    }
+}
+
 /// Everything an association's sessions need to know.
 struct Ctx {
     services: Arc<ServiceTable>,
@@ -726,19 +747,10 @@ async fn manage(
             own_hello(&services, &identity),
             Instant::now(),
         );
-        let (cmds_tx, cmds) = mpsc::unbounded_channel();
-        let (closed_tx, closed) = watch::channel(false);
-        let handle = Handle {
-            cmds: cmds_tx.clone(),
-            wake: Arc::new(Notify::new()),
-            switch: identity.clone(),
-            side: Opener::Switch,
-            next_session: Arc::new(AtomicU64::new(0)),
-            closed,
-        };
+        let (handle, cmds, closed_tx) = Handle::new(identity.clone(), Opener::Switch);
         // Datagrams from the socket into the driver.
         let reader = {
-            let (socket, tx) = (socket.clone(), cmds_tx.clone());
+            let (socket, tx) = (socket.clone(), handle.cmds.clone());
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 65_536];
                 while let Ok(n) = socket.recv(&mut buf).await {
@@ -759,7 +771,6 @@ async fn manage(
             Some(up_tx),
             closed_tx,
         ));
-        drop(cmds_tx);
         let up = tokio::select! {
             _ = shutdown.wait() => { let _ = handle.cmds.send(Cmd::Close(code::SHUTDOWN, "switch agent shutting down".into())); let _ = driver.await; reader.abort(); return; }
             up = up => up,
@@ -957,18 +968,15 @@ async fn serve(
             own_hello(&services, ""),
             Instant::now(),
         );
-        let (cmds_tx, cmds) = mpsc::unbounded_channel();
-        let (closed_tx, closed) = watch::channel(false);
-        let handle = Handle {
-            cmds: cmds_tx.clone(),
-            wake: Arc::new(Notify::new()),
-            switch: name.clone(),
-            side: Opener::Controller,
-            next_session: Arc::new(AtomicU64::new(0)),
-            closed,
-        };
-        let _ = cmds_tx.send(Cmd::Datagram(d.to_vec()));
-        map.insert(from, Peer { cmds: cmds_tx, id });
+        let (handle, cmds, closed_tx) = Handle::new(name.clone(), Opener::Controller);
+        let _ = handle.cmds.send(Cmd::Datagram(d.to_vec()));
+        map.insert(
+            from,
+            Peer {
+                cmds: handle.cmds.clone(),
+                id,
+            },
+        );
         drop(map);
         // Services this side opens: one listener per switch while it is connected.
         for svc in services.opened_here() {

@@ -26,25 +26,7 @@ fn all_transports() -> Vec<String> {
 }
 
 fn overhead_args(out: &Path, prefix: &str) -> OverheadArgs {
-    OverheadArgs {
-        out: out.to_path_buf(),
-        quick: true,
-        transports: all_transports().join(","),
-        rates: None,
-        losses: None,
-        rtts: None,
-        long_rates: None,
-        messages: None,
-        agent_args: Vec::new(),
-        prefix: prefix.into(),
-        no_plots: false,
-    }
-}
-
-fn col(csv: &Csv, row: &[String], name: &str) -> u64 {
-    row[csv.col(name)]
-        .parse()
-        .unwrap_or_else(|_| panic!("{name}: {row:?}"))
+    common::quick_overhead_args(out, prefix, &all_transports().join(","))
 }
 
 #[test]
@@ -59,7 +41,7 @@ fn overhead_quick_delivers_every_message_over_every_transport() {
         assert!(csv.rows.iter().any(|r| r[0] == t), "no rows for {t}");
     }
     for r in &csv.rows {
-        let n = col(&csv, r, "messages");
+        let n = common::num(&csv, r, "messages");
         assert_eq!(
             n,
             overhead::default_messages(r[csv.col("rate")].parse().unwrap(), true)
@@ -67,18 +49,18 @@ fn overhead_quick_delivers_every_message_over_every_transport() {
         if r[0] == "udp-seed" {
             // The paper's mechanism may lose messages (docs/benchmarks.md); what
             // arrived is never more than what was sent.
-            assert!(col(&csv, r, "delivered") <= n, "{r:?}");
+            assert!(common::num(&csv, r, "delivered") <= n, "{r:?}");
             continue;
         }
-        assert_eq!(col(&csv, r, "delivered"), n, "{r:?}");
+        assert_eq!(common::num(&csv, r, "delivered"), n, "{r:?}");
         // Half OpenFlow, half OVSDB (the odd one is OpenFlow).
         let want = n.div_ceil(2) * OPENFLOW_SIZE as u64 + n / 2 * OVSDB_SIZE as u64;
-        assert_eq!(col(&csv, r, "payload_bytes"), want, "{r:?}");
-        let wire = col(&csv, r, "wire_bytes");
+        assert_eq!(common::num(&csv, r, "payload_bytes"), want, "{r:?}");
+        let wire = common::num(&csv, r, "wire_bytes");
         let overhead: i64 = r[csv.col("overhead_bytes")].parse().unwrap();
         assert_eq!(overhead, wire as i64 - want as i64);
-        assert!(col(&csv, r, "frames") > 0);
-        assert!(col(&csv, r, "ack_only_frames") < col(&csv, r, "frames"));
+        assert!(common::num(&csv, r, "frames") > 0);
+        assert!(common::num(&csv, r, "ack_only_frames") < common::num(&csv, r, "frames"));
     }
     let md = std::fs::read_to_string(dir.path().join("overhead.md")).unwrap();
     assert!(md.contains("quic-tuned overhead"), "{md}");
@@ -114,21 +96,21 @@ fn delay_quick_measures_every_message() {
     for t in all_transports() {
         let rows: Vec<&Vec<String>> = csv.rows.iter().filter(|r| r[0] == t).collect();
         if t == "udp-seed" {
-            let mut seqs: Vec<u64> = rows.iter().map(|r| col(&csv, r, "seq")).collect();
+            let mut seqs: Vec<u64> = rows.iter().map(|r| common::num(&csv, r, "seq")).collect();
             seqs.sort();
             seqs.dedup();
             assert!(seqs.len() == rows.len() && rows.len() <= 30, "{t}");
             continue;
         }
         assert_eq!(rows.len(), 30, "{t}");
-        let mut seqs: Vec<u64> = rows.iter().map(|r| col(&csv, r, "seq")).collect();
+        let mut seqs: Vec<u64> = rows.iter().map(|r| common::num(&csv, r, "seq")).collect();
         seqs.sort();
         assert_eq!(seqs, (0..30).collect::<Vec<_>>(), "{t}: every message once");
         for r in rows {
-            let size = col(&csv, r, "size");
-            let seq = col(&csv, r, "seq");
+            let size = common::num(&csv, r, "size");
+            let seq = common::num(&csv, r, "seq");
             assert_eq!(size, if seq.is_multiple_of(2) { 400 } else { 600 });
-            assert_eq!(col(&csv, r, "rep"), seq / 10);
+            assert_eq!(common::num(&csv, r, "rep"), seq / 10);
             let d: f64 = r[csv.col("delay_ms")].parse().unwrap();
             assert!(d > 0.0 && d < 10_000.0, "{t}: delay {d}");
         }
@@ -150,8 +132,8 @@ fn table1_quick_installs_configures_and_polls_with_real_ovs() {
     let csv = table1::read(dir.path()).expect("schema");
     assert_eq!(csv.rows.len(), 8 * 6);
     for r in &csv.rows {
-        assert!(col(&csv, r, "count") > 0);
-        assert!(col(&csv, r, "wire_bytes") > 0, "{r:?}");
+        assert!(common::num(&csv, r, "count") > 0);
+        assert!(common::num(&csv, r, "wire_bytes") > 0, "{r:?}");
         let reached: f64 = r[csv.col("reached_rate")].parse().unwrap();
         assert!(reached > 0.0);
         let paper: f64 = r[csv.col("paper_tcp_bytes_per_s")].parse().unwrap();
@@ -194,7 +176,9 @@ fn model_validates_against_a_file_transfer_and_the_grid_then_report_gathers_all(
     for r in &v.rows {
         let measured: f64 = r[v.col("measured_overhead")].parse().unwrap();
         assert!(measured > 0.0);
-        assert!(col(&v, r, "data_packets") >= col(&v, r, "predicted_data_packets") / 2);
+        assert!(
+            common::num(&v, r, "data_packets") >= common::num(&v, r, "predicted_data_packets") / 2
+        );
     }
     let g = Csv::read(&dir.path().join("model/grid.csv"), modelcmd::GRID_HEADER).expect("grid");
     assert_eq!(g.rows.len(), 2, "tcp and quic-tuned (one cell)");

@@ -18,12 +18,6 @@ fn col<'a>(csv: &Csv, row: &'a [String], name: &str) -> &'a str {
     &row[csv.col(name)]
 }
 
-fn num(csv: &Csv, row: &[String], name: &str) -> u64 {
-    col(csv, row, name)
-        .parse()
-        .unwrap_or_else(|_| panic!("{name}: {row:?}"))
-}
-
 #[test]
 fn storm_quick_every_switch_comes_back_and_handshakes_once_per_restart() {
     let _s = common::serial();
@@ -45,20 +39,24 @@ fn storm_quick_every_switch_comes_back_and_handshakes_once_per_restart() {
     assert_eq!(restarts.rows.len(), configs.len() * 2);
     assert_eq!(steady.rows.len(), configs.len());
     for r in &restarts.rows {
-        let n = num(&restarts, r, "switches");
+        let n = common::num(&restarts, r, "switches");
         assert_eq!(n, 50, "{r:?}");
-        assert_eq!(num(&restarts, r, "back"), n, "every switch back: {r:?}");
+        assert_eq!(
+            common::num(&restarts, r, "back"),
+            n,
+            "every switch back: {r:?}"
+        );
         assert!(!col(&restarts, r, "all_back_s").is_empty(), "{r:?}");
         // Every switch agent's connection went through admission control.
-        assert!(num(&restarts, r, "admitted") >= n, "{r:?}");
-        let zero_rtt = num(&restarts, r, "zero_rtt_conns");
+        assert!(common::num(&restarts, r, "admitted") >= n, "{r:?}");
+        let zero_rtt = common::num(&restarts, r, "zero_rtt_conns");
         if col(&restarts, r, "zero_rtt") == "true" {
             // Switch agents resume with tickets the previous agent stored in
             // --session-store. A refused attempt uses up a ticket too (the
             // client cannot know it was not processed), so a switch refused
             // eight times in a row falls back to a full handshake.
             assert!(zero_rtt >= 1, "{r:?}");
-            if num(&restarts, r, "refused") == 0 {
+            if common::num(&restarts, r, "refused") == 0 {
                 assert_eq!(zero_rtt, n, "{r:?}");
             }
         } else {
@@ -69,14 +67,15 @@ fn storm_quick_every_switch_comes_back_and_handshakes_once_per_restart() {
     for r in &switches.rows {
         assert!(!col(&switches, r, "back_s").is_empty(), "{r:?}");
         assert_eq!(
-            num(&switches, r, "handshakes"),
+            common::num(&switches, r, "handshakes"),
             1,
             "one OpenFlow handshake per switch per restart: {r:?}"
         );
     }
     for r in &steady.rows {
         assert!(
-            num(&steady, r, "ctl_rss_full_kib") > num(&steady, r, "ctl_rss_empty_kib"),
+            common::num(&steady, r, "ctl_rss_full_kib")
+                > common::num(&steady, r, "ctl_rss_empty_kib"),
             "{r:?}"
         );
     }

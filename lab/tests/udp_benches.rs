@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use common::*;
 use quicsdn_lab::bench::cell::{self, CellSpec, Dir, key};
-use quicsdn_lab::bench::out::Csv;
 use quicsdn_lab::bench::overhead::{self, OPENFLOW_SIZE, OVSDB_SIZE, OverheadArgs, link_settings};
 use quicsdn_lab::bench::pair::BenchTransport;
 use quicsdn_lab::bench::synth::{Schedule, Service};
@@ -101,36 +100,21 @@ fn udp_seed_at_5_percent_loss_loses_about_p_to_the_fourth_and_reorders() {
     assert!(late > 100, "only {late} out of order");
 }
 
-fn col(csv: &Csv, row: &[String], name: &str) -> u64 {
-    row[csv.col(name)]
-        .parse()
-        .unwrap_or_else(|_| panic!("{name}: {row:?}"))
-}
-
 #[test]
 fn overhead_quick_with_udp_transports() {
     let _s = serial();
     require_root();
     let dir = tempfile::tempdir().unwrap();
     overhead::run(OverheadArgs {
-        out: dir.path().to_path_buf(),
-        quick: true,
-        transports: "udp-seed,udp-robust".into(),
-        rates: None,
-        losses: None,
-        rtts: None,
-        long_rates: None,
-        messages: None,
-        agent_args: Vec::new(),
-        prefix: "qsdnU4".into(),
         no_plots: true,
+        ..quick_overhead_args(dir.path(), "qsdnU4", "udp-seed,udp-robust")
     })
     .expect("overhead bench");
     let csv = overhead::read(dir.path()).expect("schema");
     assert_eq!(csv.rows.len(), 2 * 2 * 2);
     for r in &csv.rows {
-        let n = col(&csv, r, "messages");
-        let delivered = col(&csv, r, "delivered");
+        let n = num(&csv, r, "messages");
+        let delivered = num(&csv, r, "delivered");
         if r[0] == "udp-seed" {
             // Seed may lose (not on this unimpaired link, in practice): what
             // arrived is never more than what was sent.
@@ -138,10 +122,10 @@ fn overhead_quick_with_udp_transports() {
         } else {
             assert_eq!(delivered, n, "{r:?}");
             let want = n.div_ceil(2) * OPENFLOW_SIZE as u64 + n / 2 * OVSDB_SIZE as u64;
-            assert_eq!(col(&csv, r, "payload_bytes"), want, "{r:?}");
+            assert_eq!(num(&csv, r, "payload_bytes"), want, "{r:?}");
         }
-        assert!(col(&csv, r, "frames") > 0);
-        assert!(col(&csv, r, "ack_only_frames") < col(&csv, r, "frames"));
+        assert!(num(&csv, r, "frames") > 0);
+        assert!(num(&csv, r, "ack_only_frames") < num(&csv, r, "frames"));
     }
 }
 
@@ -166,7 +150,7 @@ fn delay_quick_with_udp_transports() {
     let csv = delay::read(dir.path()).expect("schema");
     for t in ["udp-seed", "udp-robust"] {
         let rows: Vec<&Vec<String>> = csv.rows.iter().filter(|r| r[0] == t).collect();
-        let mut seqs: Vec<u64> = rows.iter().map(|r| col(&csv, r, "seq")).collect();
+        let mut seqs: Vec<u64> = rows.iter().map(|r| num(&csv, r, "seq")).collect();
         seqs.sort();
         let n = seqs.len();
         seqs.dedup();
@@ -195,8 +179,8 @@ fn table1_quick_with_udp_transports() {
     let csv = table1::read(dir.path()).expect("schema");
     assert_eq!(csv.rows.len(), 2 * 6);
     for r in &csv.rows {
-        assert!(col(&csv, r, "count") > 0);
-        assert!(col(&csv, r, "wire_bytes") > 0, "{r:?}");
+        assert!(num(&csv, r, "count") > 0);
+        assert!(num(&csv, r, "wire_bytes") > 0, "{r:?}");
     }
 }
 
@@ -218,8 +202,8 @@ fn table2_quick_measures_every_metric_and_reads_the_agents_counters() {
     // 2 conditions × 3 transports × 3 metrics.
     assert_eq!(csv.rows.len(), 2 * 3 * 3);
     for r in &csv.rows {
-        assert_eq!(col(&csv, r, "samples"), 10);
-        let (answered, lost) = (col(&csv, r, "answered"), col(&csv, r, "lost"));
+        assert_eq!(num(&csv, r, "samples"), 10);
+        let (answered, lost) = (num(&csv, r, "answered"), num(&csv, r, "lost"));
         assert_eq!(answered + lost, 10, "{r:?}");
         if r[1] != "udp-seed" {
             assert_eq!(lost, 0, "{r:?}");
@@ -240,12 +224,12 @@ fn table2_quick_measures_every_metric_and_reads_the_agents_counters() {
                 .collect();
             assert_eq!(rows.len(), 2, "{cond} {t}: {rows:?}");
             for r in &rows {
-                let sent = col(&counters, r, "sent");
+                let sent = num(&counters, r, "sent");
                 assert!(sent > 30, "{r:?}");
-                assert!(col(&counters, r, "packets") >= sent, "{r:?}");
+                assert!(num(&counters, r, "packets") >= sent, "{r:?}");
             }
             if cond == "unimpaired" {
-                assert!(rows.iter().all(|r| col(&counters, r, "given_up") == 0));
+                assert!(rows.iter().all(|r| num(&counters, r, "given_up") == 0));
             }
         }
     }

@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use quicsdn_lab::bench::out::Csv;
+use quicsdn_lab::bench::overhead::OverheadArgs;
 use quicsdn_lab::netns::Netns;
 use quicsdn_lab::process::ProcRecord;
 use quicsdn_lab::state::{DEFAULT_RUN_DIR, LabState};
@@ -225,4 +227,28 @@ pub fn control_status(socket: &Path) -> serde_json::Value {
     let mut line = String::new();
     BufReader::new(&s).read_line(&mut line).unwrap();
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
+/// Column `name` of a bench CSV row, as a number.
+pub fn num(csv: &Csv, row: &[String], name: &str) -> u64 {
+    row[csv.col(name)]
+        .parse()
+        .unwrap_or_else(|_| panic!("{name}: {row:?}"))
+}
+
+/// The quick overhead bench over `transports`, writing into `out`.
+pub fn quick_overhead_args(out: &Path, prefix: &str, transports: &str) -> OverheadArgs {
+    OverheadArgs {
+        out: out.to_path_buf(),
+        quick: true,
+        transports: transports.into(),
+        rates: None,
+        losses: None,
+        rtts: None,
+        long_rates: None,
+        messages: None,
+        agent_args: Vec::new(),
+        prefix: prefix.into(),
+        no_plots: false,
+    }
 }

@@ -252,15 +252,8 @@ pub(crate) fn measure(of: &mut OfConn, n: usize) -> Result<Vec<(&'static str, Sa
 /// One agent's per-channel counters, from its log's "udp channel counters" lines.
 pub fn read_counters(log: &Path) -> Vec<(String, Vec<u64>)> {
     let text = std::fs::read_to_string(log).unwrap_or_default();
-    let keys = [
-        "sent",
-        "packets",
-        "retransmits",
-        "given_up",
-        "received",
-        "duplicates",
-        "out_of_order",
-    ];
+    // The counter columns: COUNTERS_HEADER after condition, transport, agent, service.
+    let keys = &COUNTERS_HEADER[4..];
     let mut rows = Vec::new();
     for line in text.lines().filter(|l| l.contains("udp channel counters")) {
         let field = |k: &str| {

@@ -79,12 +79,7 @@ impl Controller {
             let mut chunk = [0u8; 65536];
             let n = match self.stream.read(&mut chunk) {
                 Ok(n) => n,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
+                Err(e) if crate::wait::timed_out(&e) => {
                     continue;
                 }
                 Err(e) => return Err(e).context("reading from the switch"),

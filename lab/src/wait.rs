@@ -9,6 +9,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow};
 
+/// Whether a socket read or write ended because its timeout (or a
+/// non-blocking socket's lack of data) ran out, rather than failing: the
+/// caller checks its own deadline or stop flag and tries again.
+pub fn timed_out(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
 /// Calls `check` until it returns `Ok(Some(v))` (then returns `v`), an error
 /// (returned at once), or `timeout` passes (an error naming `what`).
 pub fn poll_until<T>(

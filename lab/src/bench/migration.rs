@@ -325,11 +325,7 @@ impl Transfer {
                             }
                             b[bin] += n as u64;
                         }
-                        Err(e)
-                            if matches!(
-                                e.kind(),
-                                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                            ) => {}
+                        Err(e) if crate::wait::timed_out(&e) => {}
                         Err(e) => return Err(e).context("receiving the transfer"),
                     }
                 }
@@ -359,11 +355,7 @@ impl Transfer {
                         }
                         match s.write(&chunk) {
                             Ok(n) => sent += n as u64,
-                            Err(e)
-                                if matches!(
-                                    e.kind(),
-                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                                ) => {}
+                            Err(e) if crate::wait::timed_out(&e) => {}
                             Err(e) => return Err(e).context("sending the transfer"),
                         }
                         i += 1;

@@ -435,12 +435,7 @@ impl SynthSwitch {
                     match rd.read_into(&mut buf) {
                         Ok(0) => bail!("the controller side closed the connection"),
                         Ok(_) => {}
-                        Err(e)
-                            if matches!(
-                                e.kind(),
-                                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                            ) =>
-                        {
+                        Err(e) if crate::wait::timed_out(&e) => {
                             continue;
                         }
                         Err(e) => return Err(e.into()),

@@ -175,6 +175,14 @@ pub enum Writer {
     Tls(TcpStream, Arc<Mutex<rustls::Connection>>, Vec<u8>),
 }
 
+/// Moves what plaintext rustls holds into `out` (none is not an error).
+fn drain_plaintext(c: &mut rustls::Connection, out: &mut Vec<u8>) -> io::Result<()> {
+    match c.reader().read_to_end(out) {
+        Err(e) if e.kind() != io::ErrorKind::WouldBlock => Err(e),
+        _ => Ok(()),
+    }
+}
+
 impl Reader {
     /// Sets the read timeout of the underlying socket.
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
@@ -205,11 +213,7 @@ impl Reader {
                 {
                     let mut c = conn.lock().expect("tls lock");
                     let before = out.len();
-                    match c.reader().read_to_end(out) {
-                        Ok(_) => {}
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Err(e),
-                    }
+                    drain_plaintext(&mut c, out)?;
                     if out.len() > before {
                         return Ok(out.len() - before);
                     }
@@ -225,11 +229,7 @@ impl Reader {
                     c.read_tls(&mut rd)?;
                     c.process_new_packets().map_err(io::Error::other)?;
                     // Drain as we go: rustls bounds its plaintext buffer.
-                    match c.reader().read_to_end(out) {
-                        Ok(_) => {}
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Err(e),
-                    }
+                    drain_plaintext(&mut c, out)?;
                 }
                 if out.len() > before {
                     return Ok(out.len() - before);
@@ -418,13 +418,7 @@ pub fn run_end(
             while (got.len() as u64) < expect {
                 let n = match rd.read_into(&mut buf) {
                     Ok(n) => n,
-                    Err(e)
-                        if lossy.is_some()
-                            && matches!(
-                                e.kind(),
-                                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                            ) =>
-                    {
+                    Err(e) if lossy.is_some() && crate::wait::timed_out(&e) => {
                         let l = lossy.expect("checked");
                         let now = Instant::now();
                         if now > start + l.peer_until && now - last_arrival > l.quiet {

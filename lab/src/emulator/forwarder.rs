@@ -94,12 +94,13 @@ struct Forwarder {
     nat: Option<Nat>,
 }
 
-/// The index into `taps` of one end of the link.
-fn tap_index(side: Side) -> usize {
-    match side {
+/// The NAT, if there is one and it sits at the end of `taps[tap]`.
+fn nat_at(nat: &mut Option<Nat>, tap: usize) -> Option<&mut Nat> {
+    let at = match nat.as_ref()?.settings().inside {
         Side::A => 0,
         Side::B => 1,
-    }
+    };
+    nat.as_mut().filter(|_| at == tap)
 }
 
 /// Runs the forwarder for `spec` until a signal or a `shutdown` request. Prints `ready`
@@ -283,10 +284,7 @@ impl Forwarder {
         let fd: RawFd = self.taps[dir].as_raw_fd();
         let pool = &mut self.pools[dir];
         let pipe = &mut self.pipes[dir];
-        let mut nat = self
-            .nat
-            .as_mut()
-            .filter(|n| tap_index(n.settings().inside) == dir);
+        let mut nat = nat_at(&mut self.nat, dir);
         for _ in 0..BATCH {
             let t = pool.get();
             let buf = &mut pool.bufs[t as usize];
@@ -325,10 +323,7 @@ impl Forwarder {
         let now = sys::monotonic_ns();
         for dir in 0..2 {
             let out: RawFd = self.taps[1 - dir].as_raw_fd();
-            let mut nat = self
-                .nat
-                .as_mut()
-                .filter(|n| tap_index(n.settings().inside) == 1 - dir);
+            let mut nat = nat_at(&mut self.nat, 1 - dir);
             while let Some(r) = self.pipes[dir].poll_release(now) {
                 let pool = &mut self.pools[dir];
                 let len = pool.lens[r.token as usize] as usize;

@@ -266,17 +266,25 @@ fn summary_row(csv: &Csv, transport: &str) -> std::collections::HashMap<String, 
 
 #[test]
 fn migration_quick_keeps_the_quic_session_and_breaks_the_tcp_one() {
-    migration_quick("readdress", "qsdnWB7", "switch re-addressed");
+    migration_quick(
+        migration::Change::Readdress,
+        "qsdnWB7",
+        "switch re-addressed",
+    );
 }
 
 #[test]
 fn migration_quick_through_a_rebinding_nat_keeps_the_quic_session_and_breaks_the_tcp_one() {
-    migration_quick("nat", "qsdnWB9", "NAT in front of the switch rebound");
+    migration_quick(
+        migration::Change::Nat,
+        "qsdnWB9",
+        "NAT in front of the switch rebound",
+    );
 }
 
 /// The quick migration bench with `--change change`, whose link event says
 /// `event`: over quic nothing reconnects, over tcp OVS does.
-fn migration_quick(change: &str, prefix: &str, event: &str) {
+fn migration_quick(change: migration::Change, prefix: &str, event: &str) {
     let _s = serial();
     let dir = tempfile::tempdir().unwrap();
     migration::run(migration::MigrationArgs {
@@ -287,7 +295,7 @@ fn migration_quick(change: &str, prefix: &str, event: &str) {
         data_rate: 20_000_000,
         prefix: prefix.into(),
         no_plots: false,
-        change: change.into(),
+        change,
     })
     .expect("migration bench");
     let s = migration::read_summary(dir.path()).expect("summary schema");

@@ -67,24 +67,25 @@ pub struct MigrationArgs {
     /// switch rebinds: its traffic leaves from new ports, and what comes back
     /// to the old ones is dropped) or `rebind` (the switch agent moves to a new
     /// UDP port itself; quic only: OVS's TCP connection has no such knob).
-    #[arg(long, default_value = "readdress")]
-    pub change: String,
+    #[arg(long, value_enum, default_value_t = Change::Readdress)]
+    pub change: Change,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Change {
+/// What changes during the outage (`--change`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Change {
     Readdress,
     Nat,
     Rebind,
 }
 
 impl Change {
-    fn parse(s: &str) -> Result<Change> {
-        match s {
-            "readdress" => Ok(Change::Readdress),
-            "nat" => Ok(Change::Nat),
-            "rebind" => Ok(Change::Rebind),
-            other => bail!("--change {other:?}: readdress, nat or rebind"),
+    /// The name `--change` takes, also the CSV's `change` column.
+    fn name(self) -> &'static str {
+        match self {
+            Change::Readdress => "readdress",
+            Change::Nat => "nat",
+            Change::Rebind => "rebind",
         }
     }
 
@@ -504,7 +505,7 @@ fn run_one(t: Transport, args: &MigrationArgs, plan: Plan) -> Result<Trace> {
                         value: 0.0,
                         detail: "down".into(),
                     });
-                    let detail = match Change::parse(&args.change)? {
+                    let detail = match args.change {
                         Change::Readdress => {
                             bed.readdress_switch(NEW_ADDR)?;
                             format!("switch re-addressed to {NEW_ADDR}")
@@ -730,7 +731,7 @@ fn handle(
 }
 
 /// The numbers of one transport's run, in [`SUMMARY_HEADER`]'s order.
-fn summarize(tr: &Trace, plan: Plan, change: &str) -> Vec<String> {
+fn summarize(tr: &Trace, plan: Plan, change: Change) -> Vec<String> {
     let cut = tr
         .events
         .iter()
@@ -816,7 +817,7 @@ fn summarize(tr: &Trace, plan: Plan, change: &str) -> Vec<String> {
     let opt = |x: Option<f64>| x.map_or("-".to_string(), f);
     vec![
         tr.transport.name().into(),
-        change.into(),
+        change.name().into(),
         f(cut),
         f(up - cut),
         tr.polls.len().to_string(),
@@ -888,9 +889,9 @@ fn timeline_rows(tr: &Trace, csv: &mut Csv) {
 pub fn run(args: MigrationArgs) -> Result<()> {
     crate::cmd::require_root()?;
     let transports = parse_transports(&args.transports)?;
-    if Change::parse(&args.change)? == Change::Rebind && transports.contains(&Transport::Tcp) {
+    if args.change == Change::Rebind && transports.contains(&Transport::Tcp) {
         bail!(
-            "--change rebind is for quic only: OVS's TCP connection cannot change its port (a NAT rebinding would break it like a re-address); use --transports quic"
+            "--change rebind is for quic only: OVS's TCP connection cannot change its port; use --transports quic (or --change nat for a NAT rebinding, which breaks tcp)"
         );
     }
     let plan = Plan::new(args.quick);
@@ -912,7 +913,7 @@ pub fn run(args: MigrationArgs) -> Result<()> {
     let mut summary = Csv::new(SUMMARY_HEADER);
     for tr in &traces {
         timeline_rows(tr, &mut timeline);
-        summary.push(summarize(tr, plan, &args.change));
+        summary.push(summarize(tr, plan, args.change));
     }
     timeline.write(&args.out.join("timeline.csv"))?;
     summary.write(&args.out.join("summary.csv"))?;
@@ -939,10 +940,10 @@ fn markdown(
     let get = |row: &[String], col: &str| row[summary.col(col)].clone();
     let mut s = format!(
         "# Connection migration during a transfer (preprint Fig. 6){}\n\n",
-        match Change::parse(&args.change) {
-            Ok(Change::Nat) => ": a NAT rebinds",
-            Ok(Change::Rebind) => ": the switch agent rebinds",
-            _ => "",
+        match args.change {
+            Change::Nat => ": a NAT rebinds",
+            Change::Rebind => ": the switch agent rebinds",
+            Change::Readdress => "",
         }
     );
     s += &format!(
@@ -951,7 +952,7 @@ fn markdown(
         args.data_rate as f64 / 1e6,
         args.delay,
         plan.cut,
-        Change::parse(&args.change).map_or(String::new(), Change::describe),
+        args.change.describe(),
         plan.outage
     );
     s += &out::provenance();

@@ -131,6 +131,9 @@ pub struct CommonConfig {
     pub services: Vec<ServiceConfig>,
     /// Stream mode for sessions this agent opens; the other side follows it.
     pub streams: StreamMode,
+    /// `--coalesce`: what the local peer sends may wait up to this long, unless
+    /// it is urgent (`quicsdn_lanes::coalesce`); `None`: nothing waits.
+    pub coalesce: Option<Duration>,
     pub quic: QuicOptions,
     /// Agent-wide message size limit (OpenFlow is also capped at 65,535 by its format).
     pub max_message: Option<usize>,
@@ -149,6 +152,7 @@ impl CommonConfig {
             allow_unauthenticated: false,
             services,
             streams: StreamMode::default(),
+            coalesce: Some(quicsdn_lanes::coalesce::DEFAULT_WINDOW),
             quic: QuicOptions::default(),
             max_message: None,
             local_connect_timeout: Duration::from_secs(5),

@@ -13,7 +13,7 @@
 
 use crate::admission::{Admission, Permit};
 use crate::config::{ConfigError, ControllerConfig};
-use crate::link::Link;
+use crate::link::{Link, Scheduling};
 use crate::services::{Service, ServiceTable};
 use crate::session::Handshake;
 use crate::{AgentError, Shutdown, control};
@@ -290,8 +290,11 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
         conn.clone(),
         switch.clone(),
         inner.services.clone(),
-        inner.config.common.streams,
-        inner.config.relaxed_flow_mods,
+        Scheduling {
+            mode: inner.config.common.streams,
+            relaxed: inner.config.relaxed_flow_mods,
+            coalesce: inner.config.common.coalesce,
+        },
         inner.config.common.local_connect_timeout,
         early.as_ref().map(|((_, rx), _)| rx.clone()),
     );

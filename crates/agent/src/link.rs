@@ -8,8 +8,8 @@ use crate::session::{
     self, Early, EarlyStats, Handshake, IncomingLane, Outcome, SessionInfo, SessionStreams,
 };
 use bytes::{Bytes, BytesMut};
-use quicsdn_lanes::StreamMode;
 use quicsdn_lanes::rules::Direction;
+use quicsdn_lanes::{CoalesceConfig, StreamMode};
 use quicsdn_transport::local::{LocalRead, LocalStream, LocalWrite};
 use quicsdn_wire::preamble::{Hello, Opener, SessionPreamble, StreamStart, code};
 use quinn::{RecvStream, SendStream, VarInt};
@@ -36,6 +36,25 @@ struct Routes {
     early: HashMap<u64, Vec<IncomingLane>>,
 }
 
+/// How this side schedules what it sends.
+#[derive(Debug, Clone, Copy)]
+pub struct Scheduling {
+    /// The stream mode of sessions this side opens.
+    pub mode: StreamMode,
+    /// `--relaxed-flow-mods` (controller agent).
+    pub relaxed: bool,
+    /// `--coalesce`: the window of class-aware coalescing; `None`: off.
+    pub coalesce: Option<Duration>,
+}
+
+/// The instant coalescing ticks are counted from: one per process, so every
+/// session of every connection releases on the same ticks and their messages
+/// share packets.
+fn coalesce_epoch() -> std::time::Instant {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(std::time::Instant::now)
+}
+
 /// A live QUIC connection to the peer agent.
 pub struct Link {
     pub conn: quinn::Connection,
@@ -44,6 +63,7 @@ pub struct Link {
     services: Arc<ServiceTable>,
     mode: StreamMode,
     relaxed: bool,
+    coalesce: Option<Duration>,
     local_connect_timeout: Duration,
     next_session: AtomicU64,
     routes: Mutex<Routes>,
@@ -68,15 +88,14 @@ impl Drop for Route<'_> {
 }
 
 impl Link {
-    /// `relaxed` enables `--relaxed-flow-mods` for what this side sends (only the
+    /// `sched.relaxed` enables `--relaxed-flow-mods` for what this side sends (only the
     /// controller agent sends towards the switch). `handshake` is `None` for a
     /// connection whose handshake has completed, else where it stands.
     pub fn new(
         conn: quinn::Connection,
         switch: Arc<str>,
         services: Arc<ServiceTable>,
-        mode: StreamMode,
-        relaxed: bool,
+        sched: Scheduling,
         local_connect_timeout: Duration,
         handshake: Option<watch::Receiver<Handshake>>,
     ) -> Arc<Link> {
@@ -89,8 +108,9 @@ impl Link {
             conn,
             switch,
             services,
-            mode,
-            relaxed,
+            mode: sched.mode,
+            relaxed: sched.relaxed,
+            coalesce: sched.coalesce,
             local_connect_timeout,
             next_session: AtomicU64::new(0),
             routes: Mutex::new(Routes::default()),
@@ -129,6 +149,9 @@ impl Link {
                 Direction::ToSwitch
             },
             relaxed: self.relaxed,
+            coalesce: self
+                .coalesce
+                .map(|w| CoalesceConfig::new(w, coalesce_epoch())),
         }
     }
 

@@ -32,7 +32,10 @@
 
 use bytes::{Bytes, BytesMut};
 use quicsdn_lanes::rules::Direction;
-use quicsdn_lanes::{EarlyGate, Inbound, InboundEvent, Outbound, PRIORITY_LANE, StreamMode};
+use quicsdn_lanes::{
+    CoalesceConfig, Coalescer, EarlyGate, Inbound, InboundEvent, Outbound, PRIORITY_LANE,
+    StreamMode,
+};
 use quicsdn_transport::local::{LocalRead, LocalWrite};
 use quicsdn_wire::FrameError;
 use quicsdn_wire::preamble::{LanePreamble, code};
@@ -84,6 +87,9 @@ pub struct SessionInfo {
     pub direction: Direction,
     /// `--relaxed-flow-mods` (controller agent).
     pub relaxed: bool,
+    /// Class-aware coalescing of what the local peer sends (`--coalesce`);
+    /// `None`: everything leaves as soon as it is read.
+    pub coalesce: Option<CoalesceConfig>,
 }
 
 /// Where a connection's TLS handshake stands, for sessions started in 0-RTT.
@@ -346,10 +352,13 @@ pub async fn run(
             .filter(|e| e.outgoing == outgoing)
             .map(|e| Gate::new(e, &service))
     };
+    let coalescer = info
+        .coalesce
+        .map(|c| Coalescer::new(service.framing, service.max_message, c));
     let out = pump_out(
         rd,
         preread,
-        outbound,
+        (coalescer, outbound),
         streams.send,
         lane_opener,
         events_rx,
@@ -506,7 +515,7 @@ struct OutEnd {
 async fn pump_out(
     mut rd: LocalRead,
     preread: Bytes,
-    outbound: Outbound,
+    (coalescer, outbound): (Option<Coalescer>, Outbound),
     main: SendStream,
     opener: LaneOpener,
     events: mpsc::UnboundedReceiver<InboundEvent>,
@@ -515,6 +524,7 @@ async fn pump_out(
 ) -> OutEnd {
     let lanes = outbound.lanes();
     let mut out = OutPump {
+        coalescer,
         outbound,
         sends: std::iter::once(Some(main))
             .chain((1..lanes).map(|_| None))
@@ -528,6 +538,7 @@ async fn pump_out(
         bytes: 0,
     };
     out.ingest(&preread);
+    out.advance(!preread.is_empty(), false);
     let end = out.run(&mut rd).await;
     // Streams already finished stay finished (the peer delivers what they carry);
     // only a direction cut short is reset.
@@ -551,6 +562,8 @@ async fn pump_out(
 }
 
 struct OutPump {
+    /// Holds what may wait, in front of the outbound (see `quicsdn_lanes::coalesce`).
+    coalescer: Option<Coalescer>,
     outbound: Outbound,
     sends: Vec<Option<SendStream>>,
     opener: LaneOpener,
@@ -602,29 +615,73 @@ impl OutPump {
             replay.extend_from_slice(bytes);
         }
         match &mut self.gate {
-            None => self.outbound.read_buf().extend_from_slice(bytes),
+            None => self.staging().extend_from_slice(bytes),
             Some(gate) => {
                 let pass = gate.push(bytes);
-                self.outbound.read_buf().extend_from_slice(&pass);
+                self.staging().extend_from_slice(&pass);
             }
         }
     }
 
-    /// Reads from the local peer into the outbound buffer (directly when no gate
-    /// is up).
-    async fn read(&mut self, rd: &mut LocalRead) -> Result<usize, End> {
+    /// Where bytes from the local peer go first: the coalescer if there is one.
+    fn staging(&mut self) -> &mut BytesMut {
+        match &mut self.coalescer {
+            Some(c) => c.read_buf(),
+            None => self.outbound.read_buf(),
+        }
+    }
+
+    /// Moves what may leave now from the coalescer to the outbound; `arrived`:
+    /// new bytes were staged; `at_end`: the local peer finished, nothing waits.
+    fn advance(&mut self, arrived: bool, at_end: bool) {
+        let Some(c) = &mut self.coalescer else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        if arrived {
+            c.arrived(now);
+        }
+        let ready = if at_end { c.flush() } else { c.take(now) };
+        if !ready.is_empty() {
+            self.outbound.read_buf().extend_from_slice(&ready);
+        }
+    }
+
+    /// Reads from the local peer into the staging buffer (directly when no gate
+    /// is up). `Ok(None)`: nothing read, but held messages are due.
+    async fn read(&mut self, rd: &mut LocalRead) -> Result<Option<usize>, End> {
+        let due = self
+            .coalescer
+            .as_ref()
+            .and_then(|c| c.deadline())
+            .map(tokio::time::Instant::from_std);
+        // Reading is cancel-safe (tokio's `read_buf`): a tick that wins loses no byte.
+        let until_due = |read| async move {
+            match due {
+                None => Some(read.await),
+                Some(due) => tokio::select! {
+                    r = read => Some(r),
+                    () = tokio::time::sleep_until(due) => None,
+                },
+            }
+        };
         let n = if self.gate.is_none() {
-            or_abort(&mut self.abort, rd.read_buf(self.outbound.read_buf())).await
+            let staging = match &mut self.coalescer {
+                Some(c) => c.read_buf(),
+                None => self.outbound.read_buf(),
+            };
+            or_abort(&mut self.abort, until_due(rd.read_buf(staging))).await
         } else {
             let mut buf = BytesMut::with_capacity(quicsdn_lanes::READ_CHUNK);
-            let r = or_abort(&mut self.abort, rd.read_buf(&mut buf)).await;
+            let r = or_abort(&mut self.abort, until_due(rd.read_buf(&mut buf))).await;
             self.ingest(&buf);
             r
         };
         match n {
             Err(_) => Err(End::Aborted),
-            Ok(Err(e)) => Err(End::LocalIo(e)),
-            Ok(Ok(n)) => Ok(n),
+            Ok(None) => Ok(None),
+            Ok(Some(Err(e))) => Err(End::LocalIo(e)),
+            Ok(Some(Ok(n))) => Ok(Some(n)),
         }
     }
 
@@ -645,7 +702,8 @@ impl OutPump {
             Ok(Err(Shut::Rejected)) => return Err(End::ZeroRttRejected),
             Ok(Ok(b)) => b,
         };
-        self.outbound.read_buf().extend_from_slice(&released);
+        self.staging().extend_from_slice(&released);
+        self.advance(!released.is_empty(), at_end);
         self.gate = None;
         // Accepted: nothing will need sending again.
         self.replay = None;
@@ -658,7 +716,7 @@ impl OutPump {
             return e;
         }
         loop {
-            let n = match self.read(rd).await {
+            let read = match self.read(rd).await {
                 Err(e) => return e,
                 Ok(n) => n,
             };
@@ -666,8 +724,25 @@ impl OutPump {
                 match event {
                     InboundEvent::HandshakeComplete => self.outbound.handshake_complete(),
                     InboundEvent::EchoRequest(id) => self.outbound.echo_request_received(id),
+                    InboundEvent::PacketIn => {
+                        if let Some(c) = &mut self.coalescer {
+                            c.packet_in_delivered(std::time::Instant::now());
+                        }
+                    }
                 }
             }
+            let n = match read {
+                None => {
+                    // A tick: what waited leaves.
+                    self.advance(false, false);
+                    if let Err(e) = self.send_batches().await {
+                        return e;
+                    }
+                    continue;
+                }
+                Some(n) => n,
+            };
+            self.advance(n > 0, n == 0);
             if let Err(e) = self.send_batches().await {
                 return e;
             }

@@ -13,7 +13,7 @@
 
 use crate::admission::{Ended, Reconnect};
 use crate::config::SwitchConfig;
-use crate::link::Link;
+use crate::link::{Link, Scheduling};
 use crate::services::{Service, ServiceTable};
 use crate::session::{Handshake, Outcome};
 use crate::{AgentError, Shutdown, control};
@@ -378,8 +378,11 @@ async fn connect_once(inner: &Arc<Inner>) -> Result<Arc<Link>, Attempt> {
             conn,
             inner.identity.clone(),
             inner.services.clone(),
-            cfg.common.streams,
-            false,
+            Scheduling {
+                mode: cfg.common.streams,
+                relaxed: false,
+                coalesce: cfg.common.coalesce,
+            },
             cfg.common.local_connect_timeout,
             confirmed,
         )

@@ -12,7 +12,6 @@ use quicsdn_agent::config::{
     AgentTransport, CommonConfig, ControllerConfig, ServiceConfig, SwitchConfig,
 };
 use quicsdn_lanes::StreamMode;
-use quicsdn_transport::local::Coalescing;
 use quicsdn_transport::quic::{AckFrequency, QuicOptions};
 use quicsdn_transport::tls::TlsFiles;
 use serde::Deserialize;
@@ -197,11 +196,14 @@ pub struct CommonArgs {
     /// waits for the handshake (docs/agents.md, "0-RTT").
     #[arg(long)]
     pub no_zero_rtt: bool,
-    /// Read coalescing: while a local peer sends densely (data less than this long
-    /// apart), hold what it sends until the next tick of this period (or 1200
-    /// bytes), so the messages of all services leave in shared, fuller QUIC packets.
-    /// Adds up to this much delay while traffic is dense; isolated messages are
-    /// never held. `0` turns it off. [default: 0]
+    /// Class-aware coalescing: while a local peer sends densely, messages nobody
+    /// waits for right now (bulk FLOW_MODs, multipart replies but the last part,
+    /// port status, OVSDB transactions and updates) wait for the next tick of
+    /// this period (or until 4 KiB are held), so the messages of all services
+    /// leave in shared, full QUIC packets. Urgent messages (echo, PACKET_IN,
+    /// PACKET_OUT and the FLOW_MODs answering a PACKET_IN, BARRIER, ROLE, ERROR,
+    /// replies) never wait and take what waits before them along; isolated
+    /// messages never wait. `off` (or `0`) turns it off. [default: 10ms]
     #[arg(long, value_name = "DURATION")]
     pub coalesce: Option<String>,
     /// Ask the peer to acknowledge only every N+1 ack-eliciting packets (QUIC ACK
@@ -420,19 +422,12 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
     };
     let allow_unauthenticated =
         args.allow_unauthenticated || file.allow_unauthenticated.take().unwrap_or(false);
-    let coalesce = duration(
-        args.coalesce,
-        file.coalesce.take(),
-        "coalesce",
-        Duration::ZERO,
-    )?;
-    if !coalesce.is_zero() {
-        // Process-wide: this process is one agent.
-        quicsdn_transport::local::set_coalescing(Coalescing {
-            window: coalesce,
-            max_bytes: 64 * 1024,
-        });
-    }
+    let coalesce = match args.coalesce.or(file.coalesce.take()).as_deref() {
+        None => Some(quicsdn_lanes::coalesce::DEFAULT_WINDOW),
+        Some("off") => None,
+        Some(s) => Some(parse_duration(s).map_err(|e| anyhow!("--coalesce: {e} (or off)"))?)
+            .filter(|w| !w.is_zero()),
+    };
     let max_message = match args.max_message_size.or(file.max_message_size.take()) {
         Some(s) => Some(parse_size(&s).map_err(|e| anyhow!("--max-message-size: {e}"))?),
         None => None,
@@ -457,6 +452,7 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
         allow_unauthenticated,
         services,
         streams,
+        coalesce,
         quic,
         max_message,
         local_connect_timeout: duration(

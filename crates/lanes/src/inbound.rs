@@ -34,6 +34,9 @@ pub enum InboundEvent {
     HandshakeComplete,
     /// An OVSDB `echo` request with this id was delivered.
     EchoRequest(String),
+    /// PACKET_INs were delivered (once per delivered run): the controller's
+    /// answer should not wait ([`crate::coalesce`]).
+    PacketIn,
 }
 
 #[derive(Debug)]
@@ -59,6 +62,8 @@ pub struct Inbound {
     watch_handshake: bool,
     /// Report OVSDB echo requests (`safe` mode with JSON-RPC).
     watch_echo: bool,
+    /// Report PACKET_INs (OpenFlow towards the controller, any mode).
+    watch_packet_in: bool,
     events: Vec<InboundEvent>,
 }
 
@@ -87,6 +92,7 @@ impl Inbound {
                 && framing == Framing::OpenFlow
                 && direction == Direction::ToController,
             watch_echo: safe && framing == Framing::JsonRpc,
+            watch_packet_in: framing == Framing::OpenFlow && direction == Direction::ToController,
             events: Vec::new(),
         }
     }
@@ -205,25 +211,31 @@ impl Inbound {
 
     /// Looks at released messages for the events the sending side needs.
     fn note(&mut self, run: &Bytes) {
-        if !self.watch_handshake && !self.watch_echo {
+        if !self.watch_handshake && !self.watch_echo && !self.watch_packet_in {
             return;
         }
         let mut framer = Framer::new(self.framing, usize::MAX);
         let mut at = 0;
+        let mut packet_in = false;
         while let Ok(Some(n)) = framer.next_message(&run[at..]) {
             let msg = &run[at..at + n];
-            if self.watch_handshake
-                && Header::parse(msg).is_some_and(|h| h.kind() == Kind::FeaturesReply)
-            {
+            let kind = (self.framing == Framing::OpenFlow)
+                .then(|| Header::parse(msg).map(|h| h.kind()))
+                .flatten();
+            if self.watch_handshake && kind == Some(Kind::FeaturesReply) {
                 self.watch_handshake = false;
                 self.events.push(InboundEvent::HandshakeComplete);
             }
+            packet_in |= self.watch_packet_in && kind == Some(Kind::PacketIn);
             if self.watch_echo
                 && let JsonRpc::EchoRequest(id) = rules::classify_jsonrpc(msg)
             {
                 self.events.push(InboundEvent::EchoRequest(id));
             }
             at += n;
+        }
+        if packet_in {
+            self.events.push(InboundEvent::PacketIn);
         }
     }
 

@@ -31,6 +31,7 @@
 //! duplicated; a service without message boundaries ([`Framing::Raw`]) always
 //! uses one lane.
 
+pub mod coalesce;
 pub mod early;
 pub mod marker;
 pub mod rules;
@@ -38,6 +39,7 @@ pub mod rules;
 mod inbound;
 mod outbound;
 
+pub use coalesce::{CoalesceConfig, Coalescer};
 pub use early::EarlyGate;
 pub use inbound::{Inbound, InboundEvent, TruncatedLane};
 pub use outbound::{Batch, Outbound};

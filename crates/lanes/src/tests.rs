@@ -911,3 +911,311 @@ fn round_robin_breaks_barrier_order_under_loss() {
         "rr:16 kept the order this time; the seed no longer shows the problem"
     );
 }
+
+// ---- Class-aware coalescing on a virtual clock ------------------------------------
+
+mod coalescing {
+    use super::*;
+    use crate::coalesce::{self, CoalesceConfig, Coalescer};
+    use crate::rules::{How, RULES};
+    use std::time::{Duration, Instant};
+
+    const WINDOW: Duration = Duration::from_millis(10);
+    const PORT_MOD: u8 = 16;
+
+    fn config(epoch: Instant) -> CoalesceConfig {
+        CoalesceConfig::new(WINDOW, epoch)
+    }
+
+    /// Urgency as the generator knows it (not the coalescer's own decision).
+    fn urgent_by_type(m: &[u8]) -> bool {
+        use of13::*;
+        match m[1] {
+            FLOW_MOD | GROUP_MOD | MULTIPART_REQUEST | SET_CONFIG | PORT_STATUS | FLOW_REMOVED => {
+                false
+            }
+            MULTIPART_REPLY => m[11] & 1 == 0,
+            _ => true,
+        }
+    }
+
+    /// Feeds `stream` to a coalescer in random pieces at random times (0–15 ms
+    /// apart, so traffic is sometimes dense, sometimes isolated), waking up at
+    /// every deadline as the agent does. Returns, per message, when it arrived
+    /// (its last byte was read) and when the coalescer let it go, and the bytes
+    /// in release order.
+    fn run(framing: Framing, direction: Direction, messages: &[Vec<u8>], rng: &mut Rng) -> Run {
+        let epoch = Instant::now();
+        let mut co = Coalescer::new(framing, MAX, config(epoch));
+        let mode = StreamMode::Safe {
+            keyed: 1 + rng.below(8) as u16,
+        };
+        let mut out = Outbound::new(framing, MAX, mode, direction, false);
+        let stream = messages.concat();
+        let ends: Vec<usize> = messages
+            .iter()
+            .scan(0, |at, m| {
+                *at += m.len();
+                Some(*at)
+            })
+            .collect();
+        let mut arrived = vec![None; messages.len()];
+        let mut left = vec![None; messages.len()];
+        let mut released = Vec::new();
+        let mut batches = Vec::new();
+        let mut now = epoch;
+        let mut release = |bytes: Bytes, t: Instant, released: &mut Vec<u8>, out: &mut Outbound| {
+            released.extend_from_slice(&bytes);
+            for (i, &e) in ends.iter().enumerate() {
+                if e <= released.len() && left[i].is_none() {
+                    left[i] = Some(t - epoch);
+                }
+            }
+            out.read_buf().extend_from_slice(&bytes);
+            while let Some(b) = out.next_batch().unwrap() {
+                batches.push(b);
+            }
+        };
+        let mut at = 0;
+        while at < stream.len() {
+            let next = now + Duration::from_micros(rng.below(15_000));
+            // Ticks before the next read.
+            while let Some(d) = co.deadline().filter(|d| *d <= next) {
+                assert!(d >= now, "a deadline in the past was missed");
+                let b = co.take(d);
+                assert!(!b.is_empty(), "a deadline with nothing to release");
+                release(b, d, &mut released, &mut out);
+                now = d;
+            }
+            now = next;
+            let n = (1 + rng.below(700) as usize).min(stream.len() - at);
+            co.read_buf().extend_from_slice(&stream[at..at + n]);
+            at += n;
+            for (i, &e) in ends.iter().enumerate() {
+                if e <= at && arrived[i].is_none() {
+                    arrived[i] = Some(now - epoch);
+                }
+            }
+            co.arrived(now);
+            let b = co.take(now);
+            release(b, now, &mut released, &mut out);
+        }
+        if let Some(d) = co.deadline() {
+            release(co.take(d), d, &mut released, &mut out);
+        }
+        assert!(!co.is_holding());
+        let times = arrived
+            .into_iter()
+            .zip(left)
+            .map(|(a, l)| (a.unwrap(), l.expect("every message released")))
+            .collect();
+        Run {
+            times,
+            released,
+            batches,
+            mode,
+        }
+    }
+
+    /// What [`run`] saw: per message (arrival, release) on the virtual clock,
+    /// the bytes in release order, the Outbound's batches and its mode.
+    struct Run {
+        times: Vec<(Duration, Duration)>,
+        released: Vec<u8>,
+        batches: Vec<Batch>,
+        mode: StreamMode,
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+        /// Switch to controller (packet-ins, echo, barriers, errors, multipart
+        /// sequences, port status, …): urgent messages leave the instant they
+        /// arrive, nothing waits longer than the window, the byte stream is
+        /// unchanged, and after the lossy network every ordering rule holds.
+        #[test]
+        fn urgent_never_waits_others_within_the_window(seed in any::<u64>(), n in 3usize..150, loss in 0u64..10) {
+            let sent = switch_to_controller(seed, n);
+            let msgs: Vec<Vec<u8>> = sent.iter().map(|(m, _)| m.clone()).collect();
+            let mut rng = Rng(seed ^ 0x5eed | 1);
+            let Run { times, released, batches, mode } = run(Framing::OpenFlow, Direction::ToController, &msgs, &mut rng);
+            prop_assert_eq!(&released, &msgs.concat());
+            for (m, (arrived, left)) in msgs.iter().zip(&times) {
+                prop_assert!(left >= arrived);
+                if urgent_by_type(m) {
+                    prop_assert_eq!(left, arrived, "urgent type {} waited", m[1]);
+                } else {
+                    prop_assert!(*left - *arrived <= WINDOW, "type {} waited {:?}", m[1], *left - *arrived);
+                }
+            }
+            let mut inbound = Inbound::new(Framing::OpenFlow, MAX, mode, Direction::ToController);
+            let got = split_messages(Framing::OpenFlow, &deliver(&mut inbound, &batches, &mut rng, loss));
+            check(&sent, &got);
+        }
+
+        /// OVSDB: echo requests and replies never wait; transactions may, within
+        /// the window.
+        #[test]
+        fn ovsdb_echo_and_replies_never_wait(seed in any::<u64>(), n in 1usize..80) {
+            let mut rng = Rng(seed | 1);
+            let msgs: Vec<(Vec<u8>, bool)> = (0..n)
+                .map(|i| match rng.below(4) {
+                    0 => (format!(r#"{{"id":"e{i}","method":"echo","params":[]}}"#).into_bytes(), true),
+                    1 => (format!(r#"{{"id":{i},"result":[{{"rows":[]}}],"error":null}}"#).into_bytes(), true),
+                    2 => (format!(r#"{{"id":null,"method":"update","params":[null,{{"x":"{}"}}]}}"#, "y".repeat(rng.below(2000) as usize)).into_bytes(), false),
+                    _ => (json_message(i, rng.below(2000) as usize), false),
+                })
+                .collect();
+            let bytes: Vec<Vec<u8>> = msgs.iter().map(|(m, _)| m.clone()).collect();
+            let Run { times, released, .. } = run(Framing::JsonRpc, Direction::ToController, &bytes, &mut rng);
+            prop_assert_eq!(released, bytes.concat());
+            for ((_, urgent), (arrived, left)) in msgs.iter().zip(&times) {
+                if *urgent {
+                    prop_assert_eq!(left, arrived);
+                } else {
+                    prop_assert!(*left - *arrived <= WINDOW);
+                }
+            }
+        }
+    }
+
+    /// The controller agent's side through the same lossy network with
+    /// coalescing: FIFO but for echo.
+    #[test]
+    fn controller_to_switch_stays_fifo_with_coalescing() {
+        for seed in 0..300u64 {
+            let sent = controller_to_switch(seed, 120, false);
+            let msgs: Vec<Vec<u8>> = sent.iter().map(|(m, _)| m.clone()).collect();
+            let mut rng = Rng(seed ^ 0x77 | 1);
+            let Run {
+                times,
+                released,
+                batches,
+                mode,
+            } = run(Framing::OpenFlow, Direction::ToSwitch, &msgs, &mut rng);
+            assert_eq!(released, msgs.concat());
+            for (m, (arrived, left)) in msgs.iter().zip(&times) {
+                if urgent_by_type(m) {
+                    assert_eq!(left, arrived, "urgent type {} waited", m[1]);
+                }
+            }
+            let mut inbound = Inbound::new(Framing::OpenFlow, MAX, mode, Direction::ToSwitch);
+            let got = split_messages(
+                Framing::OpenFlow,
+                &deliver(&mut inbound, &batches, &mut rng, 5),
+            );
+            check(&sent, &got);
+        }
+    }
+
+    #[test]
+    fn everything_on_the_priority_lane_is_urgent() {
+        for rule in RULES.iter().filter(|r| r.how == How::Priority) {
+            for kind in rule.kinds {
+                let code = (0..=255u8)
+                    .find(|&c| openflow::Kind::of(OFP13_VERSION, c) == *kind)
+                    .unwrap();
+                assert!(
+                    coalesce::openflow_is_urgent(&of13::plain(code, 1, 1), false),
+                    "{kind:?}"
+                );
+            }
+        }
+        assert!(coalesce::jsonrpc_is_urgent(
+            br#"{"id":"x","method":"echo","params":[]}"#
+        ));
+        assert!(coalesce::jsonrpc_is_urgent(
+            br#"{"id":"x","result":[],"error":null}"#
+        ));
+        assert!(!coalesce::jsonrpc_is_urgent(
+            br#"{"id":3,"method":"transact","params":["Open_vSwitch"]}"#
+        ));
+        // A big reply is found without parsing it; a big request is not one.
+        let big = format!(
+            r#"{{"id":7,"result":{{"k":"{}"}},"error":null}}"#,
+            "}".repeat(3000)
+        );
+        assert!(coalesce::jsonrpc_is_urgent(big.as_bytes()));
+        let big = format!(
+            r#"{{"id":8,"method":"transact","params":["{}\"result\":1"]}}"#,
+            "x".repeat(3000)
+        );
+        assert!(!coalesce::jsonrpc_is_urgent(big.as_bytes()));
+    }
+
+    #[test]
+    fn an_urgent_message_takes_what_waits_before_it() {
+        use of13::*;
+        let epoch = Instant::now();
+        let mut co = Coalescer::new(Framing::OpenFlow, MAX, config(epoch));
+        let ms = Duration::from_millis(1);
+        let t = |n: u32| epoch + ms * n;
+        // The first read is isolated: it leaves at once.
+        co.read_buf().extend_from_slice(&plain(FLOW_MOD, 1, 1));
+        co.arrived(t(1));
+        assert_eq!(co.take(t(1)).len(), 12);
+        // Dense bulk waits for the tick (t = 10 ms).
+        co.read_buf().extend_from_slice(&plain(FLOW_MOD, 2, 2));
+        co.read_buf().extend_from_slice(&plain(PORT_MOD, 3, 3));
+        co.arrived(t(2));
+        assert!(co.take(t(2)).is_empty());
+        assert_eq!(co.deadline(), Some(t(10)));
+        // A barrier takes both along, in order; the flow mod behind it waits.
+        let mut burst = plain(BARRIER_REQUEST, 4, 4);
+        burst.extend_from_slice(&plain(FLOW_MOD, 5, 5));
+        co.read_buf().extend_from_slice(&burst);
+        co.arrived(t(3));
+        let out = co.take(t(3));
+        assert_eq!(
+            out[..],
+            [
+                plain(FLOW_MOD, 2, 2),
+                plain(PORT_MOD, 3, 3),
+                plain(BARRIER_REQUEST, 4, 4)
+            ]
+            .concat()[..]
+        );
+        assert_eq!(co.deadline(), Some(t(10)));
+        assert!(co.take(t(9)).is_empty());
+        assert_eq!(co.take(t(10))[..], plain(FLOW_MOD, 5, 5)[..]);
+        assert_eq!(co.stats().held, 3);
+        // A FLOW_MOD answering a packet-in does not wait; long after, one does.
+        co.packet_in_delivered(t(11));
+        co.read_buf().extend_from_slice(&plain(FLOW_MOD, 6, 6));
+        co.arrived(t(12));
+        assert_eq!(co.take(t(12)).len(), 12);
+        co.read_buf().extend_from_slice(&plain(FLOW_MOD, 7, 7));
+        co.arrived(t(13));
+        assert_eq!(co.take(t(13)).len(), 12, "answer window still open");
+        co.read_buf().extend_from_slice(&plain(FLOW_MOD, 8, 8));
+        co.arrived(t(118));
+        co.read_buf().extend_from_slice(&plain(FLOW_MOD, 9, 9));
+        co.arrived(t(119));
+        assert_eq!(co.take(t(119)).len(), 12, "only the isolated one left");
+        assert!(co.is_holding());
+        // 4 KiB held leave at once; the rest of a partial message stays.
+        let mut bulk: Vec<u8> = (0..400).flat_map(|i| plain(FLOW_MOD, 100 + i, i)).collect();
+        bulk.extend_from_slice(&plain(FLOW_MOD, 1, 1)[..5]);
+        co.read_buf().extend_from_slice(&bulk);
+        co.arrived(t(120));
+        assert_eq!(co.take(t(120)).len(), 12 + 400 * 12);
+        assert!(!co.is_holding());
+        assert_eq!(co.flush().len(), 5);
+    }
+
+    #[test]
+    fn malformed_input_passes_through_for_the_outbound_to_report() {
+        let epoch = Instant::now();
+        let mut co = Coalescer::new(Framing::OpenFlow, MAX, config(epoch));
+        co.read_buf()
+            .extend_from_slice(&of13::plain(of13::FLOW_MOD, 1, 1));
+        co.arrived(epoch);
+        co.take(epoch);
+        co.read_buf()
+            .extend_from_slice(&of13::plain(of13::FLOW_MOD, 2, 2));
+        co.read_buf().extend_from_slice(&[4, 0, 0, 3, 0, 0, 0, 0]);
+        co.arrived(epoch + Duration::from_millis(1));
+        assert_eq!(co.take(epoch + Duration::from_millis(1)).len(), 20);
+        assert_eq!(co.deadline(), None);
+    }
+}

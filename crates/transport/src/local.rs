@@ -4,22 +4,14 @@
 //! TCP connections get `TCP_NODELAY`: the agent forwards whole messages as soon as
 //! it has them, and Nagle's algorithm would only add delay on loopback.
 //!
-//! **Read coalescing** (off by default; [`set_coalescing`], `quicsdn --coalesce`):
-//! when a local peer sends densely (its previous data arrived less than one window
-//! ago), a read holds what arrived until the next tick of a process-wide clock of
-//! that period, or until [`Coalescing::max_bytes`] have accumulated, then returns
-//! all of it at once. Every local connection of the process flushes on the same
-//! ticks, so the agent hands QUIC the messages of all services at the same moment
-//! and they leave in shared, fuller packets. Isolated data (nothing in the previous
-//! window) is never held. Cost: up to one window of added delay while traffic is dense.
+//! Reads return what arrived at once; coalescing (which messages may wait for
+//! others) is the agents' decision, made per message in `quicsdn_lanes::coalesce`.
 
 use crate::target::Target;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::OnceLock;
-use std::task::{Context, Poll, ready};
-use std::time::Duration;
+use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream, tcp, unix};
 
@@ -47,15 +39,8 @@ impl LocalStream {
         }
     }
 
-    /// Splits into independently owned halves. The read half coalesces as set by
-    /// [`set_coalescing`].
+    /// Splits into independently owned halves.
     pub fn into_split(self) -> (LocalRead, LocalWrite) {
-        let co = COALESCING.get().copied();
-        self.into_split_with(co)
-    }
-
-    /// Splits with the given read coalescing (`None` or a zero window: none).
-    pub fn into_split_with(self, coalescing: Option<Coalescing>) -> (LocalRead, LocalWrite) {
         let (r, w) = match self {
             LocalStream::Tcp(s) => {
                 let (r, w) = s.into_split();
@@ -66,10 +51,7 @@ impl LocalStream {
                 (ReadHalf::Unix(r), LocalWrite::Unix(w))
             }
         };
-        let co = coalescing
-            .filter(|c| !c.window.is_zero())
-            .map(Coalescer::new);
-        (LocalRead { inner: r, co }, w)
+        (LocalRead { inner: r }, w)
     }
 
     /// The peer's address, for logs (`127.0.0.1:40123`, or the socket path).
@@ -82,39 +64,6 @@ impl LocalStream {
             LocalStream::Unix(_) => "unix".into(),
         }
     }
-}
-
-/// Read coalescing settings (see the module documentation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Coalescing {
-    /// The flush period; zero turns coalescing off.
-    pub window: Duration,
-    /// Return at once when this many bytes have accumulated.
-    pub max_bytes: usize,
-}
-
-static COALESCING: OnceLock<Coalescing> = OnceLock::new();
-
-/// Sets read coalescing for every local connection this process splits from now
-/// on. Once per process (the agent's command line); later calls are ignored and
-/// return false.
-pub fn set_coalescing(c: Coalescing) -> bool {
-    COALESCING.set(c).is_ok()
-}
-
-/// The process-wide clock the coalescing windows are aligned to.
-fn epoch() -> tokio::time::Instant {
-    static EPOCH: OnceLock<tokio::time::Instant> = OnceLock::new();
-    *EPOCH.get_or_init(tokio::time::Instant::now)
-}
-
-/// The first tick of period `window` after `now`.
-fn next_tick(now: tokio::time::Instant, window: Duration) -> tokio::time::Instant {
-    let e = epoch();
-    let since = now.saturating_duration_since(e).as_nanos();
-    let w = window.as_nanos().max(1);
-    let ticks = since / w + 1;
-    e + Duration::from_nanos((ticks * w) as u64)
 }
 
 #[derive(Debug)]
@@ -132,114 +81,10 @@ impl ReadHalf {
     }
 }
 
-#[derive(Debug)]
-struct Coalescer {
-    cfg: Coalescing,
-    /// Bytes read and not yet returned.
-    held: Vec<u8>,
-    /// Bytes of `held` already returned.
-    taken: usize,
-    /// Return `held` now (tick passed, enough bytes, end of stream or error).
-    flushing: bool,
-    /// End of stream or an error seen while holding bytes: reported after them.
-    deferred: Option<io::Result<()>>,
-    last_data: Option<tokio::time::Instant>,
-    tick: Option<Pin<Box<tokio::time::Sleep>>>,
-}
-
-impl Coalescer {
-    fn new(cfg: Coalescing) -> Coalescer {
-        Coalescer {
-            cfg,
-            held: Vec::new(),
-            taken: 0,
-            flushing: false,
-            deferred: None,
-            last_data: None,
-            tick: None,
-        }
-    }
-
-    fn poll_read(
-        &mut self,
-        inner: &mut ReadHalf,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        loop {
-            if self.flushing {
-                let rest = &self.held[self.taken..];
-                if !rest.is_empty() {
-                    let n = rest.len().min(buf.remaining());
-                    buf.put_slice(&rest[..n]);
-                    self.taken += n;
-                    if self.taken == self.held.len() {
-                        self.held.clear();
-                        self.taken = 0;
-                        self.flushing = false;
-                        self.tick = None;
-                    }
-                    return Poll::Ready(Ok(()));
-                }
-                self.flushing = false;
-            }
-            if let Some(d) = self.deferred.take() {
-                return Poll::Ready(d);
-            }
-            let mut chunk = [0u8; 16 * 1024];
-            let mut rb = ReadBuf::new(&mut chunk);
-            match inner.poll_read(cx, &mut rb) {
-                Poll::Ready(Ok(())) if rb.filled().is_empty() => {
-                    // End of stream: what is held goes first.
-                    if self.held.is_empty() {
-                        return Poll::Ready(Ok(()));
-                    }
-                    self.deferred = Some(Ok(()));
-                    self.flushing = true;
-                }
-                Poll::Ready(Ok(())) => {
-                    let now = tokio::time::Instant::now();
-                    let dense = self
-                        .last_data
-                        .is_some_and(|t| now.saturating_duration_since(t) < self.cfg.window);
-                    self.last_data = Some(now);
-                    self.held.extend_from_slice(rb.filled());
-                    if !dense && self.tick.is_none() {
-                        // Isolated data: never held.
-                        self.flushing = true;
-                    } else if self.held.len() >= self.cfg.max_bytes {
-                        self.flushing = true;
-                    } else if self.tick.is_none() {
-                        self.tick = Some(Box::pin(tokio::time::sleep_until(next_tick(
-                            now,
-                            self.cfg.window,
-                        ))));
-                    }
-                }
-                Poll::Ready(Err(e)) => {
-                    if self.held.is_empty() {
-                        return Poll::Ready(Err(e));
-                    }
-                    self.deferred = Some(Err(e));
-                    self.flushing = true;
-                }
-                Poll::Pending => {
-                    let Some(tick) = self.tick.as_mut() else {
-                        return Poll::Pending;
-                    };
-                    ready!(tick.as_mut().poll(cx));
-                    self.flushing = true;
-                }
-            }
-        }
-    }
-}
-
 /// The read half of a [`LocalStream`].
 #[derive(Debug)]
 pub struct LocalRead {
     inner: ReadHalf,
-    co: Option<Coalescer>,
 }
 
 /// The write half of a [`LocalStream`].
@@ -255,11 +100,7 @@ impl AsyncRead for LocalRead {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let me = self.get_mut();
-        match &mut me.co {
-            None => me.inner.poll_read(cx, buf),
-            Some(co) => co.poll_read(&mut me.inner, cx, buf),
-        }
+        self.get_mut().inner.poll_read(cx, buf)
     }
 }
 
@@ -435,56 +276,6 @@ mod tests {
         std::fs::write(&path, b"not a socket").unwrap();
         let e = LocalListener::bind(&target).await.unwrap_err();
         assert!(e.to_string().contains("not a socket"), "{e}");
-    }
-
-    #[tokio::test]
-    async fn coalescing_holds_dense_data_and_never_isolated_data() {
-        let (a, b) = tokio::net::UnixStream::pair().unwrap();
-        let mut w = b;
-        // A window far longer than the test: only the byte limit can release a held read.
-        let co = Coalescing {
-            window: Duration::from_secs(3600),
-            max_bytes: 3,
-        };
-        let (mut rd, _wr) = LocalStream::Unix(a).into_split_with(Some(co));
-        let mut buf = [0u8; 64];
-        // Isolated data is returned at once.
-        w.write_all(b"a").await.unwrap();
-        let n = rd.read(&mut buf).await.unwrap();
-        assert_eq!(&buf[..n], b"a");
-        // Data right behind it is dense: held, not returned.
-        w.write_all(b"b").await.unwrap();
-        {
-            let held = tokio::time::timeout(Duration::from_millis(50), rd.read(&mut buf)).await;
-            assert!(held.is_err(), "dense data was returned at once");
-        }
-        // The dropped read left "b" held; more data reaching the byte limit releases all.
-        w.write_all(b"cd").await.unwrap();
-        let n = rd.read(&mut buf).await.unwrap();
-        assert_eq!(&buf[..n], b"bcd");
-        // Held data comes before the end of the stream.
-        w.write_all(b"e").await.unwrap();
-        w.shutdown().await.unwrap();
-        let n = rd.read(&mut buf).await.unwrap();
-        assert_eq!(&buf[..n], b"e");
-        assert_eq!(rd.read(&mut buf).await.unwrap(), 0);
-    }
-
-    #[tokio::test]
-    async fn coalescing_releases_held_data_on_the_tick() {
-        let (a, mut w) = tokio::net::UnixStream::pair().unwrap();
-        let co = Coalescing {
-            window: Duration::from_millis(20),
-            max_bytes: 1 << 20,
-        };
-        let (mut rd, _wr) = LocalStream::Unix(a).into_split_with(Some(co));
-        let mut buf = [0u8; 64];
-        w.write_all(b"x").await.unwrap();
-        assert_eq!(rd.read(&mut buf).await.unwrap(), 1);
-        w.write_all(b"yz").await.unwrap();
-        let n = rd.read(&mut buf).await.unwrap();
-        assert_eq!(&buf[..n], b"yz");
-        assert!(next_tick(tokio::time::Instant::now(), co.window) > tokio::time::Instant::now());
     }
 
     #[tokio::test]

@@ -166,7 +166,13 @@ fn run_side(
     setup: impl FnOnce() -> Result<(synth::Reader, synth::Writer)>,
     ready: mpsc::Sender<Result<()>>,
     start_rx: mpsc::Receiver<Instant>,
-    (svc, send, expect, lossy): (Service, Schedule, u64, Option<synth::Lossy>),
+    (svc, sender, send, expect, lossy): (
+        Service,
+        synth::Sender,
+        Schedule,
+        u64,
+        Option<synth::Lossy>,
+    ),
     stop: Arc<AtomicBool>,
     done: mpsc::Sender<Result<(), String>>,
 ) -> Result<EndReport> {
@@ -183,6 +189,7 @@ fn run_side(
     let start = start_rx.recv().map_err(|_| anyhow!("no start"))?;
     let ctl = synth::EndControl {
         start,
+        sender,
         lossy,
         stop,
         done: done.clone(),
@@ -266,7 +273,7 @@ fn run_on(pair: &mut Pair, spec: &CellSpec) -> Result<CellResult> {
                 setup,
                 ready2,
                 start_rx,
-                (svc, send, expect, lossy),
+                (svc, synth::Sender::Controller, send, expect, lossy),
                 stop2,
                 done2,
             )
@@ -295,7 +302,7 @@ fn run_on(pair: &mut Pair, spec: &CellSpec) -> Result<CellResult> {
                 setup,
                 ready2,
                 start_rx,
-                (svc, send, expect, lossy),
+                (svc, synth::Sender::Switch, send, expect, lossy),
                 stop2,
                 done2,
             )

@@ -5,9 +5,13 @@
 //! Messages are self-delimiting, so the agents (which frame OpenFlow by its header
 //! and JSON-RPC by its grammar) carry them like real ones:
 //!
-//! * OpenFlow: an OpenFlow 1.3 header (ECHO_REQUEST, `length` = the message size,
-//!   `xid` = low 32 bits of the sequence number), then `seq: u64`, `sent_ns: u64`
-//!   (CLOCK_REALTIME, big endian), zero padding.
+//! * OpenFlow: an OpenFlow 1.3 header (`length` = the message size, `xid` = low
+//!   32 bits of the sequence number), then `seq: u64`, `sent_ns: u64`
+//!   (CLOCK_REALTIME, big endian), zero padding. The type is that of the bulk
+//!   traffic each side sends: FLOW_MOD from the controller, PORT_STATUS from the
+//!   switch — messages nobody waits for at once, which the agents may coalesce
+//!   (`quicsdn_lanes::coalesce`; an ECHO_REQUEST, as the benches sent before,
+//!   is urgent and never waits).
 //! * OVSDB: one JSON object, `{"id":SEQ,"len":LEN,"ts":SENT_NS,"p":"xx…"}` with
 //!   fixed-width (space-padded) numbers, padded to the message size; a valid JSON-RPC notification
 //!   shape for the agents' JSON framing.
@@ -63,12 +67,32 @@ impl Service {
     }
 }
 
+/// Which program sends a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sender {
+    Switch,
+    Controller,
+}
+
+impl Sender {
+    /// The OpenFlow 1.3 type of this side's messages.
+    pub fn openflow_type(self) -> u8 {
+        match self {
+            Sender::Controller => openflow::build::msg_type::FLOW_MOD,
+            Sender::Switch => PORT_STATUS,
+        }
+    }
+}
+
+/// OFPT_PORT_STATUS (OpenFlow 1.3.5 §7.1.1).
+const PORT_STATUS: u8 = 12;
+
 /// `{"id":` + 20 characters + `,"len":` + 6 + `,"ts":` + 20 + `,"p":"` (numbers
 /// right-aligned with spaces: JSON allows white space, not leading zeros)
 const JSON_PREFIX_LEN: usize = 6 + 20 + 7 + 6 + 6 + 20 + 6;
 
-/// Encodes message `seq` of `size` bytes, generated at `sent_ns`.
-pub fn encode(svc: Service, seq: u64, size: usize, sent_ns: u64) -> Vec<u8> {
+/// Encodes message `seq` of `size` bytes from `from`, generated at `sent_ns`.
+pub fn encode(svc: Service, from: Sender, seq: u64, size: usize, sent_ns: u64) -> Vec<u8> {
     assert!(
         size >= svc.min_size() && size <= 65535,
         "message size {size}"
@@ -79,7 +103,7 @@ pub fn encode(svc: Service, seq: u64, size: usize, sent_ns: u64) -> Vec<u8> {
             m[..8].copy_from_slice(
                 &openflow::Header {
                     version: openflow::OFP13_VERSION,
-                    msg_type: 2,
+                    msg_type: from.openflow_type(),
                     length: size as u16,
                     xid: seq as u32,
                 }
@@ -118,7 +142,8 @@ pub fn decode(svc: Service, buf: &[u8]) -> Result<Option<(u64, usize, u64)>> {
                 return Ok(None);
             };
             let len = usize::from(h.length);
-            if len < 24 || h.msg_type != 2 {
+            let types = [Sender::Switch, Sender::Controller].map(Sender::openflow_type);
+            if len < 24 || !types.contains(&h.msg_type) {
                 bail!("unexpected OpenFlow message {h:?}");
             }
             if buf.len() < len {
@@ -379,6 +404,8 @@ pub struct Lossy {
 /// When an end starts, and how it reports and stops.
 pub struct EndControl {
     pub start: Instant,
+    /// Which program this end is.
+    pub sender: Sender,
     pub lossy: Option<Lossy>,
     /// Set once the counters are read: the end may close its connection.
     pub stop: Arc<AtomicBool>,
@@ -399,6 +426,7 @@ pub fn run_end(
 ) -> Result<EndReport> {
     let EndControl {
         start,
+        sender,
         lossy,
         stop,
         done,
@@ -478,7 +506,7 @@ pub fn run_end(
             }
             let size = schedule.size(i);
             let sent_at = Instant::now();
-            wr.send(&encode(svc, i as u64, size, sys::realtime_ns()))?;
+            wr.send(&encode(svc, sender, i as u64, size, sys::realtime_ns()))?;
             first.get_or_insert(sent_at);
             last = Some(sent_at);
             report.sent += 1;
@@ -538,18 +566,18 @@ mod tests {
     fn messages_round_trip_and_are_valid_framing() {
         for svc in Service::BOTH {
             for size in [svc.min_size(), 128, 400, 3000] {
-                let m = encode(svc, 77, size, 123_456_789);
+                let m = encode(svc, Sender::Switch, 77, size, 123_456_789);
                 assert_eq!(m.len(), size);
                 assert_eq!(decode(svc, &m).unwrap(), Some((77, size, 123_456_789)));
                 assert_eq!(decode(svc, &m[..size - 1]).unwrap(), None);
                 let mut two = m.clone();
-                two.extend_from_slice(&encode(svc, 78, 200, 5));
+                two.extend_from_slice(&encode(svc, Sender::Controller, 78, 200, 5));
                 assert_eq!(decode(svc, &two).unwrap(), Some((77, size, 123_456_789)));
                 assert_eq!(decode(svc, &two[size..]).unwrap(), Some((78, 200, 5)));
             }
         }
         // The agents' own framers accept them as whole messages.
-        let m = encode(Service::Ovsdb, 1, 300, 2);
+        let m = encode(Service::Ovsdb, Sender::Switch, 1, 300, 2);
         let v: serde_json::Value = serde_json::from_slice(&m).unwrap();
         assert_eq!(v["id"], 1);
         let mut f = quicsdn_wire::framing::Framer::new(quicsdn_wire::Framing::JsonRpc, 1 << 20);
@@ -557,8 +585,12 @@ mod tests {
         two.extend_from_slice(&m);
         assert_eq!(f.next_message(&two).unwrap(), Some(300));
         let mut f = quicsdn_wire::framing::Framer::new(quicsdn_wire::Framing::OpenFlow, 65535);
-        let of = encode(Service::OpenFlow, 9, 400, 1);
+        let of = encode(Service::OpenFlow, Sender::Controller, 9, 400, 1);
         assert_eq!(f.next_message(&of).unwrap(), Some(400));
+        // Bulk types: the agents' coalescing may hold them (an echo it would not).
+        assert!(!quicsdn_lanes::coalesce::openflow_is_urgent(&of, false));
+        let of = encode(Service::OpenFlow, Sender::Switch, 9, 400, 1);
+        assert!(!quicsdn_lanes::coalesce::openflow_is_urgent(&of, false));
         assert!(decode(Service::Ovsdb, b"{\"x\":1}xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx").is_err());
     }
 

@@ -592,14 +592,14 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
 }
 
 /// The agents' extra options: `--streams`, then the lab's agent arguments
-/// (`--zero-length-cid` only for switch agents).
+/// (`--zero-length-cid[=BOOL]` only for switch agents).
 fn agent_args(s: &LabSettings, switch: bool) -> Vec<String> {
     let mut v = s.transport.agent_transport_args();
     v.extend(s.streams.iter().map(|m| format!("--streams={m}")));
     v.extend(
         s.agent_args
             .iter()
-            .filter(|a| switch || *a != "--zero-length-cid")
+            .filter(|a| switch || !a.starts_with("--zero-length-cid"))
             .cloned(),
     );
     v

@@ -161,7 +161,9 @@ pub struct CommonArgs {
     /// only). [default: safe]
     #[arg(long, value_name = "MODE")]
     pub streams: Option<String>,
-    /// Send a QUIC PING after this long idle. [default: 2s]
+    /// Send a QUIC PING after hearing nothing from the other agent for this long,
+    /// so an idle connection stays up and a NAT keeps its mapping. Dead-peer
+    /// detection is --grace's, not this. [default: half of --grace, 3s]
     #[arg(long, value_name = "DURATION")]
     pub keepalive: Option<String>,
     /// The grace period: how long sessions survive while the other agent is
@@ -206,11 +208,12 @@ pub struct CommonArgs {
     /// messages never wait. `off` (or `0`) turns it off. [default: 10ms]
     #[arg(long, value_name = "DURATION")]
     pub coalesce: Option<String>,
-    /// Ask the peer to acknowledge only every N+1 ack-eliciting packets (QUIC ACK
-    /// frequency extension; quinn on both ends). [default: off, RFC 9000's every
-    /// second packet]
-    #[arg(long, value_name = "N")]
-    pub ack_threshold: Option<u32>,
+    /// Ask the peer to acknowledge only every N+1 ack-eliciting packets, or after
+    /// its max ACK delay (QUIC ACK frequency extension; quinn on both ends); a
+    /// gap in packet numbers is still acknowledged at once. `off`: RFC 9000's
+    /// every second packet. [default: 16]
+    #[arg(long, value_name = "N|off")]
+    pub ack_threshold: Option<String>,
     /// With --ack-threshold: the longest the peer may delay an ACK (clamped by quinn
     /// to at most max(RTT, 25ms)). [default: the peer's own, 25ms]
     #[arg(long, value_name = "DURATION")]
@@ -247,8 +250,9 @@ pub struct SwitchArgs {
     pub switch_name: Option<String>,
     /// Use zero-length QUIC connection IDs on this side: the controller agent's
     /// packets to this switch then carry no connection ID (8 bytes less each).
-    #[arg(long)]
-    pub zero_length_cid: bool,
+    /// `--zero-length-cid=false` gives the switch 8-byte IDs. [default: true]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub zero_length_cid: Option<bool>,
 }
 
 #[derive(Args, Debug)]
@@ -361,19 +365,20 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
         None => StreamMode::default(),
     };
     let defaults = QuicOptions::default();
+    let idle_timeout = duration(
+        args.idle_timeout,
+        file.grace.take().or(file.idle_timeout.take()),
+        "grace",
+        defaults.idle_timeout,
+    )?;
     let quic = QuicOptions {
         keepalive: duration(
             args.keepalive,
             file.keepalive.take(),
             "keepalive",
-            defaults.keepalive,
+            quicsdn_transport::quic::keepalive_for(idle_timeout),
         )?,
-        idle_timeout: duration(
-            args.idle_timeout,
-            file.grace.take().or(file.idle_timeout.take()),
-            "grace",
-            defaults.idle_timeout,
-        )?,
+        idle_timeout,
         stream_window: match args.stream_window.or(file.stream_window.take()) {
             Some(s) => u32::try_from(parse_size(&s).map_err(|e| anyhow!("--stream-window: {e}"))?)
                 .map_err(|_| anyhow!("--stream-window: at most 4G"))?,
@@ -386,18 +391,29 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
             None => defaults.congestion,
         },
         zero_rtt: !args.no_zero_rtt && file.zero_rtt.take().unwrap_or(defaults.zero_rtt),
-        ack_frequency: match args.ack_threshold.or(file.ack_threshold.take()) {
-            Some(threshold) => Some(AckFrequency {
-                threshold,
+        ack_frequency: match args
+            .ack_threshold
+            .or(file.ack_threshold.take().map(|n| n.to_string()))
+            .as_deref()
+        {
+            Some("off") => {
+                if args.ack_delay.is_some() || file.ack_delay.is_some() {
+                    bail!("--ack-delay needs the ACK frequency extension, not --ack-threshold off");
+                }
+                None
+            }
+            threshold => Some(AckFrequency {
+                threshold: match threshold {
+                    None => quicsdn_transport::quic::DEFAULT_ACK_FREQUENCY.threshold,
+                    Some(n) => n
+                        .parse()
+                        .map_err(|_| anyhow!("--ack-threshold {n:?}: a number or off"))?,
+                },
                 max_delay: match args.ack_delay.or(file.ack_delay.take()) {
                     Some(d) => Some(parse_duration(&d).map_err(|e| anyhow!("--ack-delay: {e}"))?),
                     None => None,
                 },
             }),
-            None if args.ack_delay.is_some() || file.ack_delay.is_some() => {
-                bail!("--ack-delay needs --ack-threshold")
-            }
-            None => None,
         },
         ..defaults
     };
@@ -507,7 +523,10 @@ impl SwitchArgs {
         )?;
         let bind = self.bind.or(file.bind.take());
         let switch_name = self.switch_name.or(file.switch_name.take());
-        let zero_length_cid = self.zero_length_cid || file.zero_length_cid.take().unwrap_or(false);
+        let zero_length_cid = self
+            .zero_length_cid
+            .or(file.zero_length_cid.take())
+            .unwrap_or(QuicOptions::default().zero_length_cid);
         let mut common = common(self.common, &mut file)?;
         common.quic.zero_length_cid = zero_length_cid;
         Ok(SwitchConfig {
@@ -587,8 +606,32 @@ mod tests {
             args.resolve(FileConfig::default())
         };
         let d = switch(&[]).unwrap();
-        assert_eq!(d.common.quic.ack_frequency, None);
-        assert!(!d.common.quic.zero_length_cid);
+        assert_eq!(
+            d.common.quic.ack_frequency,
+            Some(quicsdn_transport::quic::DEFAULT_ACK_FREQUENCY)
+        );
+        assert!(d.common.quic.zero_length_cid);
+        assert_eq!(d.common.quic.keepalive, Duration::from_secs(3));
+        assert_eq!(
+            d.common.coalesce,
+            Some(quicsdn_lanes::coalesce::DEFAULT_WINDOW)
+        );
+        let old = switch(&[
+            "--ack-threshold",
+            "off",
+            "--zero-length-cid=false",
+            "--coalesce",
+            "off",
+            "--grace",
+            "10s",
+        ])
+        .unwrap();
+        assert_eq!(old.common.quic.ack_frequency, None);
+        assert!(!old.common.quic.zero_length_cid);
+        assert_eq!(old.common.coalesce, None);
+        assert_eq!(old.common.quic.keepalive, Duration::from_secs(5));
+        assert!(switch(&["--ack-threshold", "many"]).is_err());
+        assert!(switch(&["--ack-threshold", "off", "--ack-delay", "5ms"]).is_err());
         let t = switch(&[
             "--ack-threshold",
             "16",
@@ -605,8 +648,6 @@ mod tests {
             })
         );
         assert!(t.common.quic.zero_length_cid);
-        let e = switch(&["--ack-delay", "5ms"]).unwrap_err().to_string();
-        assert!(e.contains("--ack-threshold"), "{e}");
         assert!(switch(&["--coalesce", "soon"]).is_err());
     }
 

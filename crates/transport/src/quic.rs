@@ -14,8 +14,12 @@ use std::time::Duration;
 /// Transport settings shared by both agents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuicOptions {
-    /// Send a PING after this long without sending anything, so an idle control
-    /// connection stays verified (RFC 9000 §10.1.2).
+    /// Send a PING after this long without hearing from the peer (quinn restarts
+    /// the timer on every packet received), so an idle connection does not time
+    /// out (RFC 9000 §10.1.2) and a NAT's mapping stays fresh. Half the idle
+    /// timeout by default ([`keepalive_for`]): one PING and its ACK per idle
+    /// interval, with time left for a lost PING's retransmission before the
+    /// peer's idle timeout. Dead-peer detection is the idle timeout's, not this.
     pub keepalive: Duration,
     /// Declare the peer dead after this long without hearing from it (RFC 9000
     /// §10.1). Kept below Open vSwitch's default 2 × 5 s inactivity probe, so the
@@ -39,12 +43,14 @@ pub struct QuicOptions {
     /// draft-ietf-quic-ack-frequency, which quinn implements on both ends); `None`
     /// keeps RFC 9000's behaviour (an ACK every second ack-eliciting packet, or after
     /// `max_ack_delay`, 25 ms). Fewer ACK-only packets, at the price of slower loss
-    /// detection when the peer sends little.
+    /// detection when the peer sends little. On by default
+    /// ([`DEFAULT_ACK_FREQUENCY`]).
     pub ack_frequency: Option<AckFrequency>,
     /// Switch side only: use zero-length connection IDs for this endpoint, so the
     /// controller agent's packets to the switch carry no destination connection ID
     /// (8 bytes less per packet). The switch agent has one connection, so it needs
-    /// no connection ID to find it; its address and port identify it.
+    /// no connection ID to find it; its address and port identify it. On by
+    /// default (the switch agent's configuration; ignored by the controller agent).
     pub zero_length_cid: bool,
 }
 
@@ -89,18 +95,37 @@ pub struct AckFrequency {
     pub max_delay: Option<Duration>,
 }
 
+/// The ACK frequency the agents ask for by default: an ACK every 17th
+/// ack-eliciting packet, or after the peer's own `max_ack_delay` (25 ms), which
+/// leaves the probe timeout (RFC 9002 §6.2.1: it includes `max_ack_delay`) and
+/// so tail-loss recovery unchanged. Loss recovery is not slowed: quinn asks for a
+/// reordering threshold of 2, so a gap (a lost packet) is acknowledged at once
+/// and detected by the packet threshold as before (draft-ietf-quic-ack-frequency
+/// §6.2), and its probes carry IMMEDIATE_ACK (§5). 16 is what `bench tuning`
+/// measured (docs/benchmarks.md).
+pub const DEFAULT_ACK_FREQUENCY: AckFrequency = AckFrequency {
+    threshold: 16,
+    max_delay: None,
+};
+
+/// The default keepalive for an idle timeout: half of it.
+pub fn keepalive_for(idle_timeout: Duration) -> Duration {
+    idle_timeout / 2
+}
+
 impl Default for QuicOptions {
     fn default() -> Self {
+        let idle_timeout = Duration::from_secs(6);
         QuicOptions {
-            keepalive: Duration::from_secs(2),
-            idle_timeout: Duration::from_secs(6),
+            keepalive: keepalive_for(idle_timeout),
+            idle_timeout,
             max_streams: 4096,
             // quinn's default: 100 ms at 100 Mbit/s.
             stream_window: 1_250_000,
             congestion: Congestion::default(),
             zero_rtt: true,
-            ack_frequency: None,
-            zero_length_cid: false,
+            ack_frequency: Some(DEFAULT_ACK_FREQUENCY),
+            zero_length_cid: true,
         }
     }
 }

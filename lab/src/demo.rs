@@ -61,6 +61,9 @@ pub struct DemoArgs {
 #[derive(Debug, Clone, Copy, Default)]
 struct Totals {
     frames: u64,
+    /// Frames without application data (ACKs, keep-alives; see
+    /// `Classifier::is_ack_only`).
+    ack_only_frames: u64,
     wire_bytes: u64,
     openflow_bytes: u64,
 }
@@ -180,6 +183,7 @@ fn run_one(args: &DemoArgs, transport: Transport, acc: &Accounting) -> Result<To
             let r = st.report(acc);
             for d in [&r.a_to_b, &r.b_to_a] {
                 t.frames += d.total.offered.frames;
+                t.ack_only_frames += d.total.offered.ack_only_frames;
                 t.wire_bytes += d.total.offered.wire_bytes;
             }
         }
@@ -206,7 +210,9 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let quic = run_one(&args, Transport::Quic, &acc)?;
     println!(
         "\ncontrol-plane traffic of one workload: {} switches x {} hosts, os-ken L2 app, \
-         control links with {:?} one-way delay and {}% loss per direction (both directions summed)\n",
+         control links with {:?} one-way delay and {}% loss per direction (both directions summed); \
+         quic with the agents' defaults (class-aware coalescing, ACK frequency, zero-length \
+         connection IDs towards the switch)\n",
         args.switches, args.hosts_per_switch, args.delay, args.loss
     );
     println!(
@@ -215,6 +221,11 @@ pub fn run(args: DemoArgs) -> Result<()> {
     );
     let rows = [
         ("packets on the wire", tcp.frames, quic.frames),
+        (
+            "  of them ACK-only",
+            tcp.ack_only_frames,
+            quic.ack_only_frames,
+        ),
         ("wire bytes", tcp.wire_bytes, quic.wire_bytes),
         ("OpenFlow bytes", tcp.openflow_bytes, quic.openflow_bytes),
         ("overhead bytes", tcp.overhead(), quic.overhead()),

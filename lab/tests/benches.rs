@@ -62,6 +62,24 @@ fn overhead_quick_delivers_every_message_over_every_transport() {
         assert!(common::num(&csv, r, "frames") > 0);
         assert!(common::num(&csv, r, "ack_only_frames") < common::num(&csv, r, "frames"));
     }
+    // Issue 13: with its defaults, quic puts fewer overhead bytes on the control
+    // link than tcp where messages are dense enough to share packets (both
+    // directions together). A direction, not a sized target: the benchmark
+    // commands measure by how much. At 10 msg/s every message travels alone
+    // over either transport and the two are within a few percent of each other
+    // (docs/benchmarks.md), too close for a test that must never flake.
+    let overhead_at_1k = |t: &str| -> i64 {
+        csv.rows
+            .iter()
+            .filter(|r| r[0] == t && r[csv.col("rate")] == "1000")
+            .map(|r| r[csv.col("overhead_bytes")].parse::<i64>().unwrap())
+            .sum()
+    };
+    let (quic, tcp) = (overhead_at_1k("quic"), overhead_at_1k("tcp"));
+    assert!(
+        quic < tcp,
+        "at 1k msg/s default quic carried {quic} overhead bytes, tcp {tcp}"
+    );
     let md = std::fs::read_to_string(dir.path().join("overhead.md")).unwrap();
     assert!(md.contains("quic-tuned overhead"), "{md}");
     assert!(

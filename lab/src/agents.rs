@@ -97,6 +97,13 @@ fn spawn_agent(
     Ok(proc)
 }
 
+/// True for the `quicsdn` options only a switch agent takes
+/// (`--zero-length-cid[=BOOL]`); the lab gives the agents one list of extra
+/// options and leaves these out for controller agents.
+pub fn is_switch_only(arg: &str) -> bool {
+    arg.starts_with("--zero-length-cid")
+}
+
 /// Starts a controller agent in `netns`, listening on UDP `listen`, with
 /// `services` (`NAME=TARGET` as `quicsdn controller --service` takes them).
 pub fn start_controller_agent(
@@ -110,7 +117,7 @@ pub fn start_controller_agent(
     let mut args = vec!["controller".to_string(), format!("--listen={listen}")];
     args.extend(tls.args());
     args.extend(services.iter().map(|s| format!("--service={s}")));
-    args.extend_from_slice(extra);
+    args.extend(extra.iter().filter(|a| !is_switch_only(a)).cloned());
     spawn_agent(
         netns,
         "controller agent",

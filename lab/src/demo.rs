@@ -211,8 +211,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     println!(
         "\ncontrol-plane traffic of one workload: {} switches x {} hosts, os-ken L2 app, \
          control links with {:?} one-way delay and {}% loss per direction (both directions summed); \
-         quic with the agents' defaults (class-aware coalescing, ACK frequency, zero-length \
-         connection IDs towards the switch)\n",
+         quic with the agents' defaults (class-aware coalescing, ACK frequency)\n",
         args.switches, args.hosts_per_switch, args.delay, args.loss
     );
     println!(

@@ -599,7 +599,7 @@ fn agent_args(s: &LabSettings, switch: bool) -> Vec<String> {
     v.extend(
         s.agent_args
             .iter()
-            .filter(|a| switch || !a.starts_with("--zero-length-cid"))
+            .filter(|a| switch || !crate::agents::is_switch_only(a))
             .cloned(),
     );
     v

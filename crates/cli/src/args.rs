@@ -250,7 +250,9 @@ pub struct SwitchArgs {
     pub switch_name: Option<String>,
     /// Use zero-length QUIC connection IDs on this side: the controller agent's
     /// packets to this switch then carry no connection ID (8 bytes less each).
-    /// `--zero-length-cid=false` gives the switch 8-byte IDs. [default: true]
+    /// Not the default: a switch agent reconnecting to a restarted controller
+    /// agent may confuse its new connection with the lingering old one
+    /// (docs/benchmarks.md). [default: false]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub zero_length_cid: Option<bool>,
 }
@@ -610,26 +612,26 @@ mod tests {
             d.common.quic.ack_frequency,
             Some(quicsdn_transport::quic::DEFAULT_ACK_FREQUENCY)
         );
-        assert!(d.common.quic.zero_length_cid);
+        assert!(!d.common.quic.zero_length_cid);
         assert_eq!(d.common.quic.keepalive, Duration::from_secs(3));
         assert_eq!(
             d.common.coalesce,
             Some(quicsdn_lanes::coalesce::DEFAULT_WINDOW)
         );
-        let old = switch(&[
+        let knobs = switch(&[
             "--ack-threshold",
             "off",
-            "--zero-length-cid=false",
+            "--zero-length-cid=true",
             "--coalesce",
             "off",
             "--grace",
             "10s",
         ])
         .unwrap();
-        assert_eq!(old.common.quic.ack_frequency, None);
-        assert!(!old.common.quic.zero_length_cid);
-        assert_eq!(old.common.coalesce, None);
-        assert_eq!(old.common.quic.keepalive, Duration::from_secs(5));
+        assert_eq!(knobs.common.quic.ack_frequency, None);
+        assert!(knobs.common.quic.zero_length_cid);
+        assert_eq!(knobs.common.coalesce, None);
+        assert_eq!(knobs.common.quic.keepalive, Duration::from_secs(5));
         assert!(switch(&["--ack-threshold", "many"]).is_err());
         assert!(switch(&["--ack-threshold", "off", "--ack-delay", "5ms"]).is_err());
         let t = switch(&[

@@ -49,8 +49,12 @@ pub struct QuicOptions {
     /// Switch side only: use zero-length connection IDs for this endpoint, so the
     /// controller agent's packets to the switch carry no destination connection ID
     /// (8 bytes less per packet). The switch agent has one connection, so it needs
-    /// no connection ID to find it; its address and port identify it. On by
-    /// default (the switch agent's configuration; ignored by the controller agent).
+    /// no connection ID to find it; its address and port identify it. Off by
+    /// default: quinn then routes the controller agent's packets by its
+    /// address alone, so a new connection to the same controller agent while
+    /// the previous one still lingers (a controller agent restart) cannot be
+    /// told apart from it; in the storm test 40 of 50 switch agents then
+    /// needed a second connection (docs/benchmarks.md).
     pub zero_length_cid: bool,
 }
 
@@ -125,7 +129,8 @@ impl Default for QuicOptions {
             congestion: Congestion::default(),
             zero_rtt: true,
             ack_frequency: Some(DEFAULT_ACK_FREQUENCY),
-            zero_length_cid: true,
+            // Off: see the field's documentation.
+            zero_length_cid: false,
         }
     }
 }

@@ -56,9 +56,9 @@ pub enum BenchTransport {
 
 /// The agents' options of `quic-tuned`: coalescing on a 10 ms clock,
 /// zero-length connection IDs on the switch side, and ACKs only every 17th
-/// ack-eliciting packet (or after the peer's 25 ms). Since issue 13 these are
-/// the defaults, so `quic-tuned` is `quic` spelled out; it stays for the
-/// comparison with earlier runs. See docs/benchmarks.md for what each costs.
+/// ack-eliciting packet (or after the peer's 25 ms). Since issue 13 all but
+/// the zero-length connection IDs are the defaults. See docs/benchmarks.md for
+/// what each costs.
 pub const TUNED_ARGS: [&str; 3] = ["--coalesce=10ms", "--zero-length-cid", "--ack-threshold=16"];
 
 /// The agents' defaults before issue 13: no coalescing, an ACK every second
@@ -374,11 +374,10 @@ impl Pair {
                         svc.port()
                     ));
                 }
-                // `--zero-length-cid` is a switch agent option.
                 c_args.extend(
                     spec.agent_args
                         .iter()
-                        .filter(|a| *a != "--zero-length-cid")
+                        .filter(|a| !crate::agents::is_switch_only(a))
                         .cloned(),
                 );
                 let mut s_args = vec![

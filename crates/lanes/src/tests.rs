@@ -931,9 +931,7 @@ mod coalescing {
     fn urgent_by_type(m: &[u8]) -> bool {
         use of13::*;
         match m[1] {
-            FLOW_MOD | GROUP_MOD | MULTIPART_REQUEST | SET_CONFIG | PORT_STATUS | FLOW_REMOVED => {
-                false
-            }
+            FLOW_MOD | GROUP_MOD | SET_CONFIG | PORT_STATUS | FLOW_REMOVED => false,
             MULTIPART_REPLY => m[11] & 1 == 0,
             _ => true,
         }

@@ -260,14 +260,21 @@ pub fn rows(
         .collect()
 }
 
-/// The coalescing window the agents were given (`--coalesce`), for the model.
-pub fn coalesce_window(agent_args: &[String]) -> f64 {
-    agent_args
+/// The coalescing window (s) the agents use on a path of round-trip time
+/// `rtt` (s), for the model: `--coalesce` (the agents' default unless given;
+/// `off` is 0), scaled with the RTT as the agents scale it.
+pub fn coalesce_window(agent_args: &[String], rtt: f64) -> f64 {
+    use quicsdn_lanes::coalesce::{DEFAULT_WINDOW, window_for_rtt};
+    let base = match agent_args
         .iter()
+        .rev()
         .find_map(|a| a.strip_prefix("--coalesce="))
-        .and_then(|v| crate::control_link::parse_duration(v).ok())
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
+    {
+        None => DEFAULT_WINDOW,
+        Some("off") => Duration::ZERO,
+        Some(v) => crate::control_link::parse_duration(v).unwrap_or(Duration::ZERO),
+    };
+    window_for_rtt(base, Duration::from_secs_f64(rtt.max(0.0))).as_secs_f64()
 }
 
 pub fn run(args: OverheadArgs) -> Result<()> {
@@ -290,7 +297,6 @@ pub fn run(args: OverheadArgs) -> Result<()> {
                 .unwrap_or(if args.quick { "short" } else { "short,long" }),
         )?;
     std::fs::create_dir_all(&args.out)?;
-    let t_b = coalesce_window(&args.agent_args);
     let mut csv = Csv::new(HEADER);
     let started = Instant::now();
     let mut seed = 1u64;
@@ -339,7 +345,11 @@ pub fn run(args: OverheadArgs) -> Result<()> {
                         rate,
                         &sched,
                         &r,
-                        if t.is_quic() { t_b } else { 0.0 },
+                        if t.is_quic() {
+                            coalesce_window(&args.agent_args, mean)
+                        } else {
+                            0.0
+                        },
                     );
                     let ovh: i64 = rows.iter().map(|r| r[11].parse::<i64>().unwrap_or(0)).sum();
                     println!(

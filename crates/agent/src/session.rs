@@ -524,7 +524,6 @@ async fn pump_out(
 ) -> OutEnd {
     let lanes = outbound.lanes();
     let mut out = OutPump {
-        coalesce_base: coalescer.as_ref().map(|c| c.window()).unwrap_or_default(),
         coalescer,
         outbound,
         sends: std::iter::once(Some(main))
@@ -565,8 +564,6 @@ async fn pump_out(
 struct OutPump {
     /// Holds what may wait, in front of the outbound (see `quicsdn_lanes::coalesce`).
     coalescer: Option<Coalescer>,
-    /// `--coalesce`: the window on a short path; longer paths get a multiple.
-    coalesce_base: std::time::Duration,
     outbound: Outbound,
     sends: Vec<Option<SendStream>>,
     opener: LaneOpener,
@@ -641,10 +638,6 @@ impl OutPump {
             return;
         };
         let now = std::time::Instant::now();
-        c.set_window(quicsdn_lanes::coalesce::window_for_rtt(
-            self.coalesce_base,
-            self.opener.conn.rtt(),
-        ));
         if arrived {
             c.arrived(now);
         }

@@ -26,8 +26,7 @@
 //!   reply parts, port status, flow removals, OVSDB transactions and
 //!   updates) **waits for the next tick** of a clock of period
 //!   [`CoalesceConfig::window`] shared by every session of the process, so all
-//!   services release on the same instant and share packets (the agents scale
-//!   the window with the path's RTT: [`window_for_rtt`]); or until
+//!   services release on the same instant and share packets; or until
 //!   [`CoalesceConfig::max_held`] bytes are held (a burst fills packets by
 //!   itself, and waiting longer buys nothing). A message waits at most one
 //!   window.
@@ -42,21 +41,6 @@ use crate::rules::{self, JsonRpc};
 /// The default window: `bench tuning` measured 2, 5, 10 and 20 ms; 10 ms gave
 /// most of the overhead saving at 1k msg/s (docs/benchmarks.md).
 pub const DEFAULT_WINDOW: Duration = Duration::from_millis(10);
-
-/// The window on a path with round-trip time `rtt`, for a configured window
-/// `base`: a quarter of the RTT, in whole multiples of `base`, from one to four
-/// of them (10–40 ms by default). On a long path a bulk message that waits a
-/// quarter of the RTT is delayed little against the path itself and shares a
-/// packet with several times more messages (`bench overhead` at 150 ms RTT,
-/// docs/benchmarks.md); whole multiples keep the sessions of one connection
-/// on the same ticks.
-pub fn window_for_rtt(base: Duration, rtt: Duration) -> Duration {
-    if base.is_zero() {
-        return base;
-    }
-    let quarters = (rtt.as_nanos() / 4 + base.as_nanos() / 2) / base.as_nanos();
-    base * quarters.clamp(1, 4) as u32
-}
 
 /// Held bytes that release at once: about three full QUIC packets, so a burst
 /// leaves as it arrives and only its tail waits for the tick.
@@ -282,12 +266,6 @@ impl Coalescer {
         }
     }
 
-    /// Sets the window (e.g. from [`window_for_rtt`] as the RTT changes); what
-    /// waits already waits at most the new window.
-    pub fn set_window(&mut self, window: Duration) {
-        self.cfg.window = window;
-    }
-
     /// A PACKET_IN was delivered to the local controller at `now`: FLOW_MODs in
     /// the next [`ANSWER_WINDOW`] answer it.
     pub fn packet_in_delivered(&mut self, now: Instant) {
@@ -332,11 +310,6 @@ impl Coalescer {
     /// True while whole messages wait.
     pub fn is_holding(&self) -> bool {
         self.held_since.is_some()
-    }
-
-    /// The current window.
-    pub fn window(&self) -> Duration {
-        self.cfg.window
     }
 
     pub fn stats(&self) -> CoalesceStats {

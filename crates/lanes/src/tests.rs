@@ -1202,32 +1202,6 @@ mod coalescing {
     }
 
     #[test]
-    fn the_window_grows_with_the_rtt_in_whole_multiples() {
-        use coalesce::window_for_rtt;
-        let ms = Duration::from_millis;
-        let base = ms(10);
-        assert_eq!(window_for_rtt(base, ms(0)), ms(10));
-        assert_eq!(window_for_rtt(base, ms(40)), ms(10));
-        assert_eq!(window_for_rtt(base, ms(60)), ms(20));
-        assert_eq!(window_for_rtt(base, ms(100)), ms(30));
-        assert_eq!(window_for_rtt(base, ms(150)), ms(40));
-        assert_eq!(window_for_rtt(base, ms(2000)), ms(40));
-        assert_eq!(window_for_rtt(ms(2), ms(20)), ms(6));
-        assert_eq!(window_for_rtt(Duration::ZERO, ms(150)), Duration::ZERO);
-        // A changed window bounds what already waits.
-        let epoch = Instant::now();
-        let mut co = Coalescer::new(Framing::OpenFlow, MAX, config(epoch));
-        co.read_buf()
-            .extend_from_slice(&of13::plain(of13::FLOW_MOD, 1, 1));
-        co.arrived(epoch);
-        co.read_buf()
-            .extend_from_slice(&of13::plain(of13::FLOW_MOD, 2, 2));
-        co.arrived(epoch + ms(1));
-        co.set_window(ms(40));
-        assert_eq!(co.deadline(), Some(epoch + ms(40)));
-    }
-
-    #[test]
     fn malformed_input_passes_through_for_the_outbound_to_report() {
         let epoch = Instant::now();
         let mut co = Coalescer::new(Framing::OpenFlow, MAX, config(epoch));

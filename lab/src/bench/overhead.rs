@@ -260,12 +260,11 @@ pub fn rows(
         .collect()
 }
 
-/// The coalescing window (s) the agents use on a path of round-trip time
-/// `rtt` (s), for the model: `--coalesce` (the agents' default unless given;
-/// `off` is 0), scaled with the RTT as the agents scale it.
-pub fn coalesce_window(agent_args: &[String], rtt: f64) -> f64 {
-    use quicsdn_lanes::coalesce::{DEFAULT_WINDOW, window_for_rtt};
-    let base = match agent_args
+/// The coalescing window (s) the agents use, for the model: `--coalesce`
+/// (the agents' default unless given; `off` is 0).
+pub fn coalesce_window(agent_args: &[String]) -> f64 {
+    use quicsdn_lanes::coalesce::DEFAULT_WINDOW;
+    let window = match agent_args
         .iter()
         .rev()
         .find_map(|a| a.strip_prefix("--coalesce="))
@@ -274,7 +273,7 @@ pub fn coalesce_window(agent_args: &[String], rtt: f64) -> f64 {
         Some("off") => Duration::ZERO,
         Some(v) => crate::control_link::parse_duration(v).unwrap_or(Duration::ZERO),
     };
-    window_for_rtt(base, Duration::from_secs_f64(rtt.max(0.0))).as_secs_f64()
+    window.as_secs_f64()
 }
 
 pub fn run(args: OverheadArgs) -> Result<()> {
@@ -346,7 +345,7 @@ pub fn run(args: OverheadArgs) -> Result<()> {
                         &sched,
                         &r,
                         if t.is_quic() {
-                            coalesce_window(&args.agent_args, mean)
+                            coalesce_window(&args.agent_args)
                         } else {
                             0.0
                         },

@@ -544,13 +544,24 @@ impl HopSender {
         }
         self.probes = 0;
         self.first_probe_at = None;
+        let fresh = cum >= self.base;
         // A reordered older feedback releases nothing new.
         while self.base < cum {
             self.buf.pop_front();
             self.base += 1;
         }
-        let limit = unwrap(limit, cum.max(self.base));
-        self.limit = self.limit.max(limit);
+        if fresh {
+            let limit = unwrap(limit, self.base);
+            if limit < self.next_tx {
+                // The receiver grants less than we assumed (its capacity is
+                // smaller than ours): it dropped what we sent beyond its
+                // window, so send that again when the window opens.
+                self.next_tx = limit.max(self.base);
+                self.retx = self.retx.split_off(&self.base);
+                self.retx.retain(|&s| s < self.next_tx);
+            }
+            self.limit = limit;
+        }
         for &(first, count) in missing {
             let first = unwrap(first, self.base);
             for seq in first..first + u64::from(count) {

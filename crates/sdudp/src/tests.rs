@@ -483,6 +483,24 @@ fn sender_retransmits_requests_respects_the_window_and_fails_when_unanswered() {
         }
     }
     assert!(probes >= 3, "{probes}");
+
+    // A receiver granting less than the sender assumed: what went beyond its
+    // window is sent again once it opens.
+    let mut tx = HopSender::new(flow(), &cfg, t0);
+    for i in 0..4u8 {
+        tx.push(Bytes::from(vec![i]));
+    }
+    let sent: Vec<u16> = std::iter::from_fn(|| tx.poll_transmit(t0))
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(sent, vec![0, 1, 2, 3]);
+    tx.on_feedback(t0, 1, 2, &[]);
+    assert_eq!(tx.poll_transmit(t0), None);
+    tx.on_feedback(t0, 2, 6, &[]);
+    let sent: Vec<u16> = std::iter::from_fn(|| tx.poll_transmit(t0))
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(sent, vec![2, 3]);
     assert!(now >= t0 + ms(1) + cfg.dead_after);
 }
 

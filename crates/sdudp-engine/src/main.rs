@@ -1,0 +1,163 @@
+//! `quicsdn-sdudp`: SDUDP engines beside an Open vSwitch instance.
+//!
+//! `quicsdn-sdudp relay --interface IF …` runs the retransmission engine of
+//! one switch on the port IF (a veth or TAP whose other end is a port of the
+//! switch; OpenFlow rules steer the SDUDP flows to it).
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use quicsdn_sdudp::{Config, Engine};
+use quicsdn_sdudp_engine::frame::{Mac, Ports};
+use quicsdn_sdudp_engine::packet::PacketSocket;
+use quicsdn_sdudp_engine::relay::{Neighbour, Relay};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(
+    name = "quicsdn-sdudp",
+    version,
+    about = "SDUDP engines beside Open vSwitch"
+)]
+struct Cli {
+    /// Log level or tracing directives.
+    #[arg(long, default_value = "info")]
+    log_level: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The retransmission engine of one switch on the path.
+    Relay(RelayArgs),
+}
+
+fn parse_neighbour(s: &str) -> Result<Neighbour, String> {
+    let (ip, mac) = s
+        .split_once(',')
+        .ok_or_else(|| format!("{s:?}: expected IP,MAC"))?;
+    Ok(Neighbour {
+        ip: ip.parse().map_err(|e| format!("{ip:?}: {e}"))?,
+        mac: mac.parse()?,
+    })
+}
+
+fn parse_range(s: &str) -> Result<(u16, u16), String> {
+    let (a, b) = s
+        .split_once('-')
+        .ok_or_else(|| format!("{s:?}: expected LOW-HIGH"))?;
+    let a: u16 = a.parse().map_err(|e| format!("{a:?}: {e}"))?;
+    let b: u16 = b.parse().map_err(|e| format!("{b:?}: {e}"))?;
+    if a > b {
+        return Err(format!("{s:?}: empty range"));
+    }
+    Ok((a, b))
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (n, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| s.split_at(i))
+        .ok_or_else(|| format!("{s:?}: a unit is required (ms, s)"))?;
+    let n: u64 = n.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    match unit {
+        "us" => Ok(Duration::from_micros(n)),
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        _ => Err(format!("{s:?}: unit must be us, ms or s")),
+    }
+}
+
+#[derive(clap::Args)]
+struct RelayArgs {
+    /// The interface attached to the switch.
+    #[arg(long)]
+    interface: String,
+    /// This engine's address (control messages are sent to it).
+    #[arg(long)]
+    ip: Ipv4Addr,
+    /// This engine's MAC (the source of everything it sends).
+    #[arg(long)]
+    mac: Mac,
+    /// The previous engine on the line, IP,MAC.
+    #[arg(long, value_parser = parse_neighbour)]
+    left: Neighbour,
+    /// The next engine on the line, IP,MAC.
+    #[arg(long, value_parser = parse_neighbour)]
+    right: Neighbour,
+    /// UDP ports of SDUDP flows.
+    #[arg(long, value_parser = parse_range, default_value = "49152-50151")]
+    data_ports: (u16, u16),
+    /// UDP port of control messages between engines.
+    #[arg(long, default_value_t = 49151)]
+    control_port: u16,
+    /// Datagrams one flow may hold here (and the window granted upstream).
+    #[arg(long, default_value_t = Config::default().capacity)]
+    capacity: u32,
+    /// Retransmission timeout before any round-trip sample.
+    #[arg(long, value_parser = parse_duration, default_value = "100ms")]
+    initial_rto: Duration,
+    /// Write counters as JSON to this file, atomically, every --stats-interval.
+    #[arg(long)]
+    stats: Option<PathBuf>,
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    stats_interval: Duration,
+}
+
+fn write_stats(path: &PathBuf, value: &serde_json::Value) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(value)?)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+}
+
+fn relay(a: RelayArgs) -> Result<()> {
+    let cfg = Config {
+        capacity: a.capacity,
+        initial_rto: a.initial_rto,
+        ..Config::default()
+    };
+    cfg.validate().map_err(anyhow::Error::msg)?;
+    let io = PacketSocket::open(&a.interface)?;
+    let mut relay = Relay::new(
+        io,
+        Engine::new(cfg),
+        Neighbour {
+            ip: a.ip,
+            mac: a.mac,
+        },
+        a.left,
+        a.right,
+        Ports {
+            data: a.data_ports.0..=a.data_ports.1,
+            control: a.control_port,
+        },
+    );
+    tracing::info!(interface = %a.interface, ip = %a.ip, mac = %a.mac, "relay engine running");
+    let mut buf = vec![0u8; 65_536];
+    let mut next_stats = Instant::now();
+    loop {
+        relay
+            .step(&mut buf, Duration::from_millis(100))
+            .with_context(|| format!("packet I/O on {}", a.interface))?;
+        if let Some(path) = &a.stats
+            && Instant::now() >= next_stats
+        {
+            write_stats(path, &relay.stats_json())?;
+            next_stats = Instant::now() + a.stats_interval;
+        }
+    }
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log_level))
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.command {
+        Command::Relay(a) => relay(a),
+    }
+}

@@ -75,6 +75,21 @@ pub struct Reader {
     pub interval: Duration,
 }
 
+/// A further connection, opened beside the main one: A sends `data` and
+/// closes; B reads everything and closes after A.
+pub struct Pair {
+    pub client_port: u16,
+    pub data: Vec<u8>,
+    pub written: usize,
+    pub a_id: Option<ConnId>,
+    pub b_id: Option<ConnId>,
+    pub a_events: Vec<ConnEvent>,
+    pub b_events: Vec<ConnEvent>,
+    pub at_b: Vec<u8>,
+    a_fin: bool,
+    b_fin: bool,
+}
+
 pub struct Sim {
     pub now: Instant,
     pub start: Instant,
@@ -115,6 +130,7 @@ pub struct Sim {
     /// Data datagrams that crossed each link (either direction), controls too.
     pub data_on_link: Vec<u64>,
     pub control_on_link: Vec<u64>,
+    pub pairs: Vec<Pair>,
 }
 
 pub const A_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 254);
@@ -168,6 +184,7 @@ impl Sim {
             max_edge_held: 0,
             data_on_link: vec![0; relays + 1],
             control_on_link: vec![0; relays + 1],
+            pairs: Vec::new(),
         }
     }
 
@@ -211,6 +228,75 @@ impl Sim {
             },
         );
         self.a_conn = Some(id);
+    }
+
+    /// Opens a further connection from host A (client port `client_port`,
+    /// flow ports `flow_port`) that sends `data`.
+    pub fn connect_pair(&mut self, client_port: u16, flow_port: u16, data: Vec<u8>) {
+        let flow = FlowKey {
+            src: A_ADDR,
+            dst: B_ADDR,
+            sport: flow_port,
+            dport: flow_port,
+        };
+        let now = self.now;
+        let id = self.edge(0).open(
+            now,
+            flow,
+            std::net::SocketAddrV4::new(Ipv4Addr::new(10, 0, 1, 1), client_port),
+            "10.0.5.1:80".parse().unwrap(),
+            [2, 0x51, 0, 0, 1, 1],
+            TcpOptions::default(),
+        );
+        self.pairs.push(Pair {
+            client_port,
+            data,
+            written: 0,
+            a_id: Some(id),
+            b_id: None,
+            a_events: Vec::new(),
+            b_events: Vec::new(),
+            at_b: Vec::new(),
+            a_fin: false,
+            b_fin: false,
+        });
+    }
+
+    fn pair_hosts(&mut self) {
+        let now = self.now;
+        let last = self.last();
+        for i in 0..self.pairs.len() {
+            let (a, b) = (self.pairs[i].a_id, self.pairs[i].b_id);
+            let accepted = self.pairs[i]
+                .a_events
+                .iter()
+                .any(|e| matches!(e, ConnEvent::AcceptHost { .. }));
+            if let Some(a) = a
+                && accepted
+            {
+                let p = &self.pairs[i];
+                let chunk = p.data[p.written..].to_vec();
+                let n = self.edge(0).send(now, a, &chunk);
+                let p = &mut self.pairs[i];
+                p.written += n;
+                if p.written == p.data.len() && !p.a_fin {
+                    p.a_fin = true;
+                    self.edge(0).host_fin(now, a);
+                }
+            }
+            if let Some(b) = b {
+                while let Some(d) = self.edge(last).peek_for_host(b) {
+                    let d = d.to_vec();
+                    self.pairs[i].at_b.extend_from_slice(&d);
+                    self.edge(last).consume_for_host(now, b, d.len());
+                }
+                let p = &mut self.pairs[i];
+                if !p.b_fin && p.b_events.contains(&ConnEvent::ShutdownHost) {
+                    p.b_fin = true;
+                    self.edge(last).host_fin(now, b);
+                }
+            }
+        }
     }
 
     /// The node a message for `flow` going `dir` reaches from node `at`.
@@ -322,10 +408,34 @@ impl Sim {
         let now = self.now;
         let last = self.last();
         while let Some((id, e)) = self.edge(0).poll_event() {
-            assert_eq!(Some(id), self.a_conn);
-            self.a_events.push(e);
+            if Some(id) == self.a_conn {
+                self.a_events.push(e);
+            } else {
+                let p = self.pairs.iter_mut().find(|p| p.a_id == Some(id));
+                p.expect("a known connection").a_events.push(e);
+            }
         }
         while let Some((id, e)) = self.edge(last).poll_event() {
+            if let ConnEvent::ConnectHost { client, .. } = &e
+                && let Some(p) = self
+                    .pairs
+                    .iter_mut()
+                    .find(|p| p.client_port == client.port())
+            {
+                p.b_id = Some(id);
+                p.b_events.push(e);
+                self.edge(last).host_connected(
+                    now,
+                    id,
+                    [2, 0x51, 0, 0, 5, 1],
+                    TcpOptions::default(),
+                );
+                continue;
+            }
+            if let Some(p) = self.pairs.iter_mut().find(|p| p.b_id == Some(id)) {
+                p.b_events.push(e);
+                continue;
+            }
             if let ConnEvent::ConnectHost { .. } = e {
                 self.b_conn = Some(id);
                 match self.refuse {
@@ -340,6 +450,7 @@ impl Sim {
             }
             self.b_events.push(e);
         }
+        self.pair_hosts();
         // Host A writes once accepted.
         let accepted = self
             .a_events
@@ -440,8 +551,12 @@ impl Sim {
         loop {
             self.hosts();
             self.flush();
-            let both_closed = self.closed(&self.a_events)
-                && (self.closed(&self.b_events) || self.b_conn.is_none());
+            let both_closed = (self.a_conn.is_none() || self.closed(&self.a_events))
+                && (self.closed(&self.b_events) || self.b_conn.is_none())
+                && self
+                    .pairs
+                    .iter()
+                    .all(|p| self.closed(&p.a_events) && self.closed(&p.b_events));
             let relays_idle = self.nodes.iter().all(|n| match n {
                 Node::Relay(r) => r.flows() == 0,
                 Node::Edge(e) => e.connections() == 0,

@@ -591,6 +591,42 @@ proptest! {
 }
 
 #[test]
+fn many_concurrent_connections_share_the_engines() {
+    // 100 connections at once, of different sizes, through 3 engines with
+    // loss and duplication: each its own flows, each exactly once and in order.
+    let link = Link {
+        loss: 0.02,
+        dup: 0.01,
+        delay: ms(5),
+        jitter: Duration::ZERO,
+    };
+    let mut sim = Sim::new(3, link, small(64), 81);
+    for i in 0..100u16 {
+        let len = 1 + usize::from(i) * 997;
+        sim.connect_pair(40_000 + i, 49_300 + i, pattern(len, u64::from(i)));
+    }
+    sim.run(Duration::from_secs(600));
+    for p in &sim.pairs {
+        assert!(
+            p.at_b == p.data,
+            "connection {}: {} of {} bytes",
+            p.client_port,
+            p.at_b.len(),
+            p.data.len()
+        );
+        for events in [&p.a_events, &p.b_events] {
+            assert!(events.contains(&ConnEvent::ShutdownHost), "{events:?}");
+            assert!(events.contains(&ConnEvent::Closed), "{events:?}");
+        }
+    }
+    for i in 1..4 {
+        let s = sim.relay(i).stats();
+        assert_eq!((s.flows_done, s.flows_failed), (200, 0), "relay {i}: {s:?}");
+        assert!(s.retransmitted > 0 && s.max_held <= 64, "relay {i}: {s:?}");
+    }
+}
+
+#[test]
 fn fail_messages_name_the_reason() {
     // A flow failing at a relay tells both directions (the codec is tested in
     // msg.rs); here: an engine refusing a flow beyond max_flows says NoRoom.

@@ -402,8 +402,13 @@ pub struct HopSender {
     base: u64,
     /// Sequence numbers `base..base + buf.len()`.
     buf: VecDeque<Bytes>,
-    /// The first sequence number never sent.
+    /// The next sequence number to send (not yet sent, or to be sent again
+    /// after a smaller window than assumed).
     next_tx: u64,
+    /// One past the highest sequence number ever sent.
+    sent_end: u64,
+    /// Whether `limit` came from the receiver (or is our assumption).
+    limit_heard: bool,
     /// The next engine accepts sequence numbers below this.
     limit: u64,
     /// Requested again by the next engine.
@@ -431,6 +436,8 @@ impl HopSender {
             base: 0,
             buf: VecDeque::new(),
             next_tx: 0,
+            sent_end: 0,
+            limit_heard: false,
             limit: u64::from(cfg.capacity),
             retx: BTreeSet::new(),
             last_heard: now,
@@ -511,7 +518,7 @@ impl HopSender {
     /// ones within the next engine's window.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<(u16, Bytes)> {
         while let Some(seq) = self.retx.pop_first() {
-            if seq >= self.base && seq < self.next_tx {
+            if seq >= self.base && seq < self.next_tx.min(self.sent_end) {
                 self.stats.retransmitted += 1;
                 self.on_send(now);
                 return Some((id_of(seq), self.buf[(seq - self.base) as usize].clone()));
@@ -520,7 +527,12 @@ impl HopSender {
         if self.next_tx < self.end() && self.next_tx < self.limit {
             let seq = self.next_tx;
             self.next_tx += 1;
-            self.stats.sent += 1;
+            if seq < self.sent_end {
+                self.stats.retransmitted += 1;
+            } else {
+                self.sent_end = self.next_tx;
+                self.stats.sent += 1;
+            }
             self.on_send(now);
             return Some((id_of(seq), self.buf[(seq - self.base) as usize].clone()));
         }
@@ -530,7 +542,7 @@ impl HopSender {
     /// A FEEDBACK from the next engine.
     pub fn on_feedback(&mut self, now: Instant, cum: u16, limit: u16, missing: &[(u16, u16)]) {
         let cum = unwrap(cum, self.base);
-        if cum > self.next_tx {
+        if cum > self.sent_end {
             // Releases what was never sent: not from our next engine's state.
             self.stats.bad_feedback += 1;
             return;
@@ -550,22 +562,30 @@ impl HopSender {
             self.buf.pop_front();
             self.base += 1;
         }
-        if fresh {
-            let limit = unwrap(limit, self.base);
+        if self.next_tx < self.base {
+            // Released what we meant to send again after a rewind (below).
+            self.next_tx = self.base;
+        }
+        let limit = unwrap(limit, self.base);
+        if fresh && !self.limit_heard {
+            // The first window the receiver states. Smaller than we assumed
+            // (its capacity is smaller than ours), it dropped what we sent
+            // beyond it: send that again when the window opens.
+            self.limit_heard = true;
             if limit < self.next_tx {
-                // The receiver grants less than we assumed (its capacity is
-                // smaller than ours): it dropped what we sent beyond its
-                // window, so send that again when the window opens.
                 self.next_tx = limit.max(self.base);
-                self.retx = self.retx.split_off(&self.base);
                 self.retx.retain(|&s| s < self.next_tx);
             }
             self.limit = limit;
+        } else {
+            // A receiver's window never shrinks: a smaller one is from an older,
+            // reordered feedback.
+            self.limit = self.limit.max(limit);
         }
         for &(first, count) in missing {
             let first = unwrap(first, self.base);
             for seq in first..first + u64::from(count) {
-                if seq >= self.base && seq < self.next_tx {
+                if seq >= self.base && seq < self.next_tx.min(self.sent_end) {
                     self.retx.insert(seq);
                 }
             }

@@ -557,7 +557,11 @@ fn case() -> impl Strategy<Value = Case> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    // PROPTEST_CASES=N runs more (a longer search than the test suite's).
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
+        ..ProptestConfig::default()
+    })]
 
     /// Any line, any loss up to 10 % per link, duplication, reordering, any
     /// window: every byte once and in order both ways, FIN both ways, every

@@ -32,6 +32,125 @@ struct Cli {
 enum Command {
     /// The retransmission engine of one switch on the path.
     Relay(RelayArgs),
+    /// The TCP engine (with retransmission) of an edge switch.
+    Edge(EdgeArgs),
+}
+
+fn parse_far_edge(s: &str) -> Result<(Ipv4Addr, u8, Ipv4Addr), String> {
+    let (net, engine) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected CIDR=ENGINE_IP"))?;
+    let (addr, len) = net
+        .split_once('/')
+        .ok_or_else(|| format!("{net:?}: expected ADDRESS/LENGTH"))?;
+    let len: u8 = len.parse().map_err(|e| format!("{len:?}: {e}"))?;
+    if len > 32 {
+        return Err(format!("{net:?}: prefix length above 32"));
+    }
+    Ok((
+        addr.parse().map_err(|e| format!("{addr:?}: {e}"))?,
+        len,
+        engine.parse().map_err(|e| format!("{engine:?}: {e}"))?,
+    ))
+}
+
+#[derive(clap::Args)]
+struct EdgeArgs {
+    /// The interface attached to the switch (hosts' TCP and SDUDP both).
+    #[arg(long)]
+    interface: String,
+    /// This engine's address (SDUDP flows start and end here).
+    #[arg(long)]
+    ip: Ipv4Addr,
+    /// This engine's MAC.
+    #[arg(long)]
+    mac: Mac,
+    /// The next engine on the line (a relay or the far edge), IP,MAC.
+    #[arg(long, value_parser = parse_neighbour)]
+    neighbour: Neighbour,
+    /// Hosts behind a far edge: CIDR=ENGINE_IP (repeatable).
+    #[arg(long = "far-edge", value_parser = parse_far_edge, required = true)]
+    far_edges: Vec<(Ipv4Addr, u8, Ipv4Addr)>,
+    #[arg(long, value_parser = parse_range, default_value = "49152-50151")]
+    data_ports: (u16, u16),
+    #[arg(long, default_value_t = 49151)]
+    control_port: u16,
+    #[arg(long, default_value_t = Config::default().capacity)]
+    capacity: u32,
+    #[arg(long, value_parser = parse_duration, default_value = "100ms")]
+    initial_rto: Duration,
+    /// Send every read from a host at once instead of filling datagrams.
+    #[arg(long)]
+    no_accumulate: bool,
+    /// Longest a partly filled datagram waits.
+    #[arg(long, value_parser = parse_duration, default_value = "5ms")]
+    accumulate_wait: Duration,
+    /// Routing table numbers: TABLE (local delivery) and TABLE+1 (blackhole).
+    #[arg(long, default_value_t = 100)]
+    table: u32,
+    /// Give up connecting to a host after this long (the near host is told
+    /// the far host is unreachable).
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    connect_timeout: Duration,
+    #[arg(long)]
+    stats: Option<PathBuf>,
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    stats_interval: Duration,
+}
+
+fn edge(a: EdgeArgs) -> Result<()> {
+    use quicsdn_sdudp::conn::EdgeConfig;
+    use quicsdn_sdudp_engine::edge::{EdgeEngine, EdgeSpec, setup_namespace};
+    let hop = Config {
+        capacity: a.capacity,
+        initial_rto: a.initial_rto,
+        ..Config::default()
+    };
+    hop.validate().map_err(anyhow::Error::msg)?;
+    let spec = EdgeSpec {
+        port: a.interface.clone(),
+        inject: "sdudp-inj".into(),
+        inject_peer_mac: "02:5d:00:00:00:01".parse().map_err(anyhow::Error::msg)?,
+        me: Neighbour {
+            ip: a.ip,
+            mac: a.mac,
+        },
+        neighbour: a.neighbour,
+        far_edges: a.far_edges,
+        ports: Ports {
+            data: a.data_ports.0..=a.data_ports.1,
+            control: a.control_port,
+        },
+        local_table: a.table,
+        connect_timeout: a.connect_timeout,
+        cfg: EdgeConfig {
+            hop,
+            accumulate: !a.no_accumulate,
+            accumulate_wait: a.accumulate_wait,
+            ..EdgeConfig::default()
+        },
+    };
+    setup_namespace(&spec, "sdudp-inj-k")?;
+    let mut engine = EdgeEngine::new(spec)?;
+    tracing::info!(interface = %a.interface, ip = %a.ip, "edge engine running");
+    let mut next_stats = Instant::now();
+    loop {
+        engine.step(Duration::from_millis(100))?;
+        if let Some(path) = &a.stats
+            && Instant::now() >= next_stats
+        {
+            let s = &engine.edge().stats;
+            let v = serde_json::json!({
+                "edge": {
+                    "opened": s.opened, "accepted": s.accepted, "closed": s.closed,
+                    "failed": s.failed, "connections": engine.edge().connections(),
+                    "resets_sent": engine.resets_sent,
+                }
+            });
+            write_stats(path, &v)?;
+            next_stats = Instant::now() + a.stats_interval;
+        }
+    }
 }
 
 fn parse_neighbour(s: &str) -> Result<Neighbour, String> {
@@ -159,5 +278,6 @@ fn main() -> Result<()> {
         .init();
     match cli.command {
         Command::Relay(a) => relay(a),
+        Command::Edge(a) => edge(a),
     }
 }

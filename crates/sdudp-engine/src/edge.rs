@@ -619,11 +619,56 @@ impl EdgeEngine {
             .edge
             .poll_timeout()
             .map_or(max_wait, |t| t.saturating_duration_since(now).min(max_wait));
-        if !self.conns.is_empty() {
-            // Sockets are polled each round; keep rounds short while any are open.
-            wait = wait.min(Duration::from_millis(1));
+        // Wake for frames, new connections, and sockets that can move bytes
+        // (read only while the path has room: that is the backpressure).
+        let mut fds = vec![libc::pollfd {
+            fd: self.port.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        for l in self.listeners.values() {
+            fds.push(libc::pollfd {
+                fd: l.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
         }
-        self.port.wait(wait)?;
+        for (id, c) in &self.conns {
+            let (fd, mut events) = match &c.sock {
+                Sock::Connecting(s, since) => {
+                    // The connect timeout is checked in the rounds.
+                    let left = self
+                        .spec
+                        .connect_timeout
+                        .saturating_sub(now.saturating_duration_since(*since));
+                    wait = wait.min(left + Duration::from_millis(1));
+                    (s.as_raw_fd(), libc::POLLOUT)
+                }
+                Sock::Open(s) => (s.as_raw_fd(), 0),
+                _ => continue,
+            };
+            if matches!(c.sock, Sock::Open(_)) {
+                if !c.read_closed && self.edge.send_capacity(*id) > 0 {
+                    events |= libc::POLLIN;
+                }
+                if self.edge.peek_for_host(*id).is_some() {
+                    events |= libc::POLLOUT;
+                }
+            }
+            fds.push(libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            });
+        }
+        let ms = wait.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        // SAFETY: a valid array of pollfds.
+        if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) } < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != ErrorKind::Interrupted {
+                return Err(e).context("poll");
+            }
+        }
         let mut buf = vec![0u8; 65_536];
         let now = Instant::now();
         for _ in 0..256 {

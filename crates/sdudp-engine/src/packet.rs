@@ -71,6 +71,12 @@ impl PacketSocket {
     }
 }
 
+impl AsRawFd for PacketSocket {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
 impl FrameIo for PacketSocket {
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
         loop {

@@ -270,7 +270,7 @@ fn hosts_talk_tcp_through_sdudp_edges() {
     let r = bed.spawn("h1", || upload(5_000_000, 1)).join().unwrap();
     assert_eq!(r, Ok(()));
     eprintln!(
-        "5 MB through two edge engines (debug build) in {:?}: {:.1} Mbit/s",
+        "5 MB through two edge engines in {:?}: {:.1} Mbit/s",
         t.elapsed(),
         40.0 / t.elapsed().as_secs_f64()
     );

@@ -133,16 +133,11 @@ fn ethernet(dst: Mac, src: Mac, ip: Vec<u8>) -> Vec<u8> {
 /// A numbered datagram of `flow` as a frame to the next hop: the IPv4 header
 /// keeps the flow's addresses and carries the sequence number as its ID.
 pub fn data_frame(dst: Mac, src: Mac, flow: FlowKey, id: u16, payload: &[u8]) -> Vec<u8> {
-    let h = UdpHeader {
-        src: flow.src,
-        dst: flow.dst,
-        id,
-        ttl: 64,
-        tos: 0,
-        sport: flow.sport,
-        dport: flow.dport,
-    };
-    ethernet(dst, src, ipv4::build(&h, payload))
+    ethernet(
+        dst,
+        src,
+        ipv4::build(&UdpHeader::for_flow(flow, id), payload),
+    )
 }
 
 /// A control message as a frame from this engine to a neighbour.

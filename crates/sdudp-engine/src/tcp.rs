@@ -4,6 +4,7 @@
 
 use crate::frame::{ETH_HEADER, ETHERTYPE_IPV4, Mac};
 use quicsdn_sdudp::TcpOptions;
+use quicsdn_sdudp::ipv4;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 const SYN: u8 = 0x02;
@@ -96,22 +97,9 @@ pub fn parse_syn(frame: &[u8]) -> Option<Syn> {
     })
 }
 
-fn checksum(mut acc: u32, b: &[u8]) -> u32 {
-    let mut c = b.chunks_exact(2);
-    for w in &mut c {
-        acc += u32::from(u16::from_be_bytes([w[0], w[1]]));
-    }
-    if let [x] = c.remainder() {
-        acc += u32::from(*x) << 8;
-    }
-    acc
-}
-
-fn fold(mut acc: u32) -> u16 {
-    while acc > 0xffff {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    !(acc as u16)
+/// RFC 1071 checksum (complemented fold) of a running sum.
+fn checksum_of(acc: u32) -> u16 {
+    !ipv4::fold(acc)
 }
 
 /// The RST answering `syn` as if from the server: "connection refused"
@@ -125,7 +113,7 @@ pub fn refuse(syn: &Syn, src_mac: Mac) -> Vec<u8> {
     let mut ip = vec![0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0];
     ip.extend_from_slice(&src);
     ip.extend_from_slice(&dst);
-    let c = fold(checksum(0, &ip));
+    let c = checksum_of(ipv4::sum(0, &ip));
     ip[10..12].copy_from_slice(&c.to_be_bytes());
     let mut tcp = Vec::with_capacity(20);
     tcp.extend_from_slice(&syn.server.port().to_be_bytes());
@@ -133,10 +121,10 @@ pub fn refuse(syn: &Syn, src_mac: Mac) -> Vec<u8> {
     tcp.extend_from_slice(&0u32.to_be_bytes());
     tcp.extend_from_slice(&syn.seq.wrapping_add(1).to_be_bytes());
     tcp.extend_from_slice(&[0x50, RST | ACK, 0, 0, 0, 0, 0, 0]);
-    let mut acc = checksum(0, &src);
-    acc = checksum(acc, &dst);
+    let mut acc = ipv4::sum(0, &src);
+    acc = ipv4::sum(acc, &dst);
     acc += 6 + 20;
-    let c = fold(checksum(acc, &tcp));
+    let c = checksum_of(ipv4::sum(acc, &tcp));
     tcp[16..18].copy_from_slice(&c.to_be_bytes());
     f.extend_from_slice(&ip);
     f.extend_from_slice(&tcp);
@@ -154,7 +142,7 @@ mod tests {
         let mut ip = vec![
             0x45, 0, 0, 60, 0, 1, 0x40, 0, 64, 6, 0, 0, 10, 0, 1, 1, 10, 0, 5, 1,
         ];
-        let c = fold(checksum(0, &ip));
+        let c = checksum_of(ipv4::sum(0, &ip));
         ip[10..12].copy_from_slice(&c.to_be_bytes());
         f.extend_from_slice(&ip);
         f.extend_from_slice(&[0x9c, 0x40, 0, 80]); // 40000 -> 80
@@ -185,10 +173,14 @@ mod tests {
         let r = refuse(&s, me);
         assert_eq!(&r[..6], &s.client_mac.0);
         let ip = &r[ETH_HEADER..];
-        assert_eq!(fold(checksum(0, &ip[..20])), 0, "IPv4 header checksum");
-        let mut acc = checksum(0, &ip[12..20]);
+        assert_eq!(
+            checksum_of(ipv4::sum(0, &ip[..20])),
+            0,
+            "IPv4 header checksum"
+        );
+        let mut acc = ipv4::sum(0, &ip[12..20]);
         acc += 6 + 20;
-        assert_eq!(fold(checksum(acc, &ip[20..])), 0, "TCP checksum");
+        assert_eq!(checksum_of(ipv4::sum(acc, &ip[20..])), 0, "TCP checksum");
         assert_eq!(&ip[20..22], &80u16.to_be_bytes());
         assert_eq!(&ip[28..32], &0x1234_5679u32.to_be_bytes());
         assert_eq!(ip[33], RST | ACK);

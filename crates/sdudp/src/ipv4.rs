@@ -56,8 +56,9 @@ pub enum Ipv4Error {
     UdpChecksum,
 }
 
-/// RFC 1071 one's-complement sum, folded.
-fn sum(mut acc: u32, bytes: &[u8]) -> u32 {
+/// RFC 1071 one's-complement sum of `bytes` (big-endian 16-bit words, an odd
+/// last byte padded with zero) added to `acc`; finish with [`fold`].
+pub fn sum(mut acc: u32, bytes: &[u8]) -> u32 {
     let mut chunks = bytes.chunks_exact(2);
     for c in &mut chunks {
         acc += u32::from(u16::from_be_bytes([c[0], c[1]]));
@@ -68,7 +69,9 @@ fn sum(mut acc: u32, bytes: &[u8]) -> u32 {
     acc
 }
 
-fn fold(mut acc: u32) -> u16 {
+/// Folds a [`sum`] to 16 bits (not complemented: a checksum is `!fold(..)`,
+/// and a correct header sums to 0xffff).
+pub fn fold(mut acc: u32) -> u16 {
     while acc > 0xffff {
         acc = (acc & 0xffff) + (acc >> 16);
     }
@@ -85,6 +88,21 @@ fn udp_checksum(h: &UdpHeader, udp: &[u8]) -> u16 {
     let c = !fold(acc);
     // RFC 768: a computed zero is sent as all ones (zero means "no checksum").
     if c == 0 { 0xffff } else { c }
+}
+
+impl UdpHeader {
+    /// The header of a numbered datagram of `flow` with sequence ID `id`.
+    pub fn for_flow(flow: crate::FlowKey, id: u16) -> UdpHeader {
+        UdpHeader {
+            src: flow.src,
+            dst: flow.dst,
+            id,
+            ttl: 64,
+            tos: 0,
+            sport: flow.sport,
+            dport: flow.dport,
+        }
+    }
 }
 
 /// Builds an IPv4/UDP datagram; `h.id` becomes the IPv4 Identification.

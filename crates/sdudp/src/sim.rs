@@ -354,15 +354,7 @@ impl Sim {
                 match o {
                     Output::Data { flow, id, payload } => {
                         if let Some(to) = self.neighbour(flow, Direction::Downstream, i) {
-                            let h = UdpHeader {
-                                src: flow.src,
-                                dst: flow.dst,
-                                id,
-                                ttl: 64,
-                                tos: 0,
-                                sport: flow.sport,
-                                dport: flow.dport,
-                            };
+                            let h = UdpHeader::for_flow(flow, id);
                             self.send(i, to, Wire::Data(ipv4::build(&h, &payload)));
                         }
                     }

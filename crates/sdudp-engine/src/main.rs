@@ -54,31 +54,92 @@ fn parse_far_edge(s: &str) -> Result<(Ipv4Addr, u8, Ipv4Addr), String> {
     ))
 }
 
+/// Options every engine takes.
 #[derive(clap::Args)]
-struct EdgeArgs {
-    /// The interface attached to the switch (hosts' TCP and SDUDP both).
+struct EngineArgs {
+    /// The interface attached to the switch.
     #[arg(long)]
     interface: String,
-    /// This engine's address (SDUDP flows start and end here).
+    /// This engine's address (flows and control messages address it).
     #[arg(long)]
     ip: Ipv4Addr,
-    /// This engine's MAC.
+    /// This engine's MAC (the source of everything it sends).
     #[arg(long)]
     mac: Mac,
+    /// UDP ports of SDUDP flows.
+    #[arg(long, value_parser = parse_range, default_value = "49152-50151")]
+    data_ports: (u16, u16),
+    /// UDP port of control messages between engines.
+    #[arg(long, default_value_t = 49151)]
+    control_port: u16,
+    /// Datagrams one flow may hold here (and the window granted upstream).
+    #[arg(long, default_value_t = Config::default().capacity)]
+    capacity: u32,
+    /// Retransmission timeout before any round-trip sample.
+    #[arg(long, value_parser = parse_duration, default_value = "100ms")]
+    initial_rto: Duration,
+    /// Write counters as JSON to this file, atomically, every --stats-interval.
+    #[arg(long)]
+    stats: Option<PathBuf>,
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    stats_interval: Duration,
+}
+
+impl EngineArgs {
+    fn hop_config(&self) -> Result<Config> {
+        let cfg = Config {
+            capacity: self.capacity,
+            initial_rto: self.initial_rto,
+            ..Config::default()
+        };
+        cfg.validate().map_err(anyhow::Error::msg)?;
+        Ok(cfg)
+    }
+
+    fn me(&self) -> Neighbour {
+        Neighbour {
+            ip: self.ip,
+            mac: self.mac,
+        }
+    }
+
+    fn ports(&self) -> Ports {
+        Ports {
+            data: self.data_ports.0..=self.data_ports.1,
+            control: self.control_port,
+        }
+    }
+
+    /// Runs `step` forever, writing `stats()` every `--stats-interval`.
+    fn run(
+        &self,
+        mut step: impl FnMut() -> Result<()>,
+        stats: impl Fn(&mut dyn FnMut(&serde_json::Value) -> Result<()>) -> Result<()>,
+    ) -> Result<()> {
+        tracing::info!(interface = %self.interface, ip = %self.ip, mac = %self.mac, "engine running");
+        let mut next_stats = Instant::now();
+        loop {
+            step()?;
+            if let Some(path) = &self.stats
+                && Instant::now() >= next_stats
+            {
+                stats(&mut |v| write_stats(path, v))?;
+                next_stats = Instant::now() + self.stats_interval;
+            }
+        }
+    }
+}
+
+#[derive(clap::Args)]
+struct EdgeArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
     /// The next engine on the line (a relay or the far edge), IP,MAC.
     #[arg(long, value_parser = parse_neighbour)]
     neighbour: Neighbour,
     /// Hosts behind a far edge: CIDR=ENGINE_IP (repeatable).
     #[arg(long = "far-edge", value_parser = parse_far_edge, required = true)]
     far_edges: Vec<(Ipv4Addr, u8, Ipv4Addr)>,
-    #[arg(long, value_parser = parse_range, default_value = "49152-50151")]
-    data_ports: (u16, u16),
-    #[arg(long, default_value_t = 49151)]
-    control_port: u16,
-    #[arg(long, default_value_t = Config::default().capacity)]
-    capacity: u32,
-    #[arg(long, value_parser = parse_duration, default_value = "100ms")]
-    initial_rto: Duration,
     /// Send every read from a host at once instead of filling datagrams.
     #[arg(long)]
     no_accumulate: bool,
@@ -92,65 +153,44 @@ struct EdgeArgs {
     /// the far host is unreachable).
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     connect_timeout: Duration,
-    #[arg(long)]
-    stats: Option<PathBuf>,
-    #[arg(long, value_parser = parse_duration, default_value = "1s")]
-    stats_interval: Duration,
 }
 
 fn edge(a: EdgeArgs) -> Result<()> {
     use quicsdn_sdudp::conn::EdgeConfig;
     use quicsdn_sdudp_engine::edge::{EdgeEngine, EdgeSpec, setup_namespace};
-    let hop = Config {
-        capacity: a.capacity,
-        initial_rto: a.initial_rto,
-        ..Config::default()
-    };
-    hop.validate().map_err(anyhow::Error::msg)?;
     let spec = EdgeSpec {
-        port: a.interface.clone(),
+        port: a.engine.interface.clone(),
         inject: "sdudp-inj".into(),
         inject_peer_mac: "02:5d:00:00:00:01".parse().map_err(anyhow::Error::msg)?,
-        me: Neighbour {
-            ip: a.ip,
-            mac: a.mac,
-        },
+        me: a.engine.me(),
         neighbour: a.neighbour,
         far_edges: a.far_edges,
-        ports: Ports {
-            data: a.data_ports.0..=a.data_ports.1,
-            control: a.control_port,
-        },
+        ports: a.engine.ports(),
         local_table: a.table,
         connect_timeout: a.connect_timeout,
         cfg: EdgeConfig {
-            hop,
+            hop: a.engine.hop_config()?,
             accumulate: !a.no_accumulate,
             accumulate_wait: a.accumulate_wait,
             ..EdgeConfig::default()
         },
     };
     setup_namespace(&spec, "sdudp-inj-k")?;
-    let mut engine = EdgeEngine::new(spec)?;
-    tracing::info!(interface = %a.interface, ip = %a.ip, "edge engine running");
-    let mut next_stats = Instant::now();
-    loop {
-        engine.step(Duration::from_millis(100))?;
-        if let Some(path) = &a.stats
-            && Instant::now() >= next_stats
-        {
-            let s = &engine.edge().stats;
-            let v = serde_json::json!({
+    let engine = std::cell::RefCell::new(EdgeEngine::new(spec)?);
+    a.engine.run(
+        || engine.borrow_mut().step(Duration::from_millis(100)),
+        |write| {
+            let e = engine.borrow();
+            let s = &e.edge().stats;
+            write(&serde_json::json!({
                 "edge": {
                     "opened": s.opened, "accepted": s.accepted, "closed": s.closed,
-                    "failed": s.failed, "connections": engine.edge().connections(),
-                    "resets_sent": engine.resets_sent,
+                    "failed": s.failed, "connections": e.edge().connections(),
+                    "resets_sent": e.resets_sent,
                 }
-            });
-            write_stats(path, &v)?;
-            next_stats = Instant::now() + a.stats_interval;
-        }
-    }
+            }))
+        },
+    )
 }
 
 fn parse_neighbour(s: &str) -> Result<Neighbour, String> {
@@ -191,38 +231,14 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 #[derive(clap::Args)]
 struct RelayArgs {
-    /// The interface attached to the switch.
-    #[arg(long)]
-    interface: String,
-    /// This engine's address (control messages are sent to it).
-    #[arg(long)]
-    ip: Ipv4Addr,
-    /// This engine's MAC (the source of everything it sends).
-    #[arg(long)]
-    mac: Mac,
+    #[command(flatten)]
+    engine: EngineArgs,
     /// The previous engine on the line, IP,MAC.
     #[arg(long, value_parser = parse_neighbour)]
     left: Neighbour,
     /// The next engine on the line, IP,MAC.
     #[arg(long, value_parser = parse_neighbour)]
     right: Neighbour,
-    /// UDP ports of SDUDP flows.
-    #[arg(long, value_parser = parse_range, default_value = "49152-50151")]
-    data_ports: (u16, u16),
-    /// UDP port of control messages between engines.
-    #[arg(long, default_value_t = 49151)]
-    control_port: u16,
-    /// Datagrams one flow may hold here (and the window granted upstream).
-    #[arg(long, default_value_t = Config::default().capacity)]
-    capacity: u32,
-    /// Retransmission timeout before any round-trip sample.
-    #[arg(long, value_parser = parse_duration, default_value = "100ms")]
-    initial_rto: Duration,
-    /// Write counters as JSON to this file, atomically, every --stats-interval.
-    #[arg(long)]
-    stats: Option<PathBuf>,
-    #[arg(long, value_parser = parse_duration, default_value = "1s")]
-    stats_interval: Duration,
 }
 
 fn write_stats(path: &PathBuf, value: &serde_json::Value) -> Result<()> {
@@ -233,41 +249,25 @@ fn write_stats(path: &PathBuf, value: &serde_json::Value) -> Result<()> {
 }
 
 fn relay(a: RelayArgs) -> Result<()> {
-    let cfg = Config {
-        capacity: a.capacity,
-        initial_rto: a.initial_rto,
-        ..Config::default()
-    };
-    cfg.validate().map_err(anyhow::Error::msg)?;
-    let io = PacketSocket::open(&a.interface)?;
-    let mut relay = Relay::new(
+    let io = PacketSocket::open(&a.engine.interface)?;
+    let relay = std::cell::RefCell::new(Relay::new(
         io,
-        Engine::new(cfg),
-        Neighbour {
-            ip: a.ip,
-            mac: a.mac,
-        },
+        Engine::new(a.engine.hop_config()?),
+        a.engine.me(),
         a.left,
         a.right,
-        Ports {
-            data: a.data_ports.0..=a.data_ports.1,
-            control: a.control_port,
-        },
-    );
-    tracing::info!(interface = %a.interface, ip = %a.ip, mac = %a.mac, "relay engine running");
+        a.engine.ports(),
+    ));
     let mut buf = vec![0u8; 65_536];
-    let mut next_stats = Instant::now();
-    loop {
-        relay
-            .step(&mut buf, Duration::from_millis(100))
-            .with_context(|| format!("packet I/O on {}", a.interface))?;
-        if let Some(path) = &a.stats
-            && Instant::now() >= next_stats
-        {
-            write_stats(path, &relay.stats_json())?;
-            next_stats = Instant::now() + a.stats_interval;
-        }
-    }
+    a.engine.run(
+        || {
+            relay
+                .borrow_mut()
+                .step(&mut buf, Duration::from_millis(100))
+                .with_context(|| format!("packet I/O on {}", a.engine.interface))
+        },
+        |write| write(&relay.borrow().stats_json()),
+    )
 }
 
 fn main() -> Result<()> {

@@ -297,9 +297,9 @@ const FNV0: u64 = 0xcbf2_9ce4_8422_2325;
 
 /// A file set over one connection: `count` files of `size` bytes, written one
 /// by one; the server answers the byte count and hash of what it read.
-fn send_set(count: usize, size: usize, seed: u8) -> Result<(), String> {
+fn send_set(port: u16, count: usize, size: usize, seed: u8) -> Result<(), String> {
     let mut s = TcpStream::connect_timeout(
-        &format!("10.0.{N}.1:8080").parse().unwrap(),
+        &format!("10.0.{N}.1:{port}").parse().unwrap(),
         Duration::from_secs(10),
     )
     .map_err(|e| format!("connect: {e}"))?;
@@ -324,18 +324,11 @@ fn send_set(count: usize, size: usize, seed: u8) -> Result<(), String> {
     Ok(())
 }
 
-fn stats(line: &Line, i: u32) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(line.dir.join(format!("e{i}.json"))).unwrap()).unwrap()
-}
-
-#[test]
-fn file_sets_cross_five_switches_as_udp_and_an_engine_death_is_visible() {
-    common::require_root();
-    let _serial = common::serial();
-    let mut line = up();
-    let (tx, rx) = mpsc::channel::<Result<usize, ErrorKind>>();
-    let _server = in_ns("h2", move || {
-        let l = TcpListener::bind("0.0.0.0:8080").unwrap();
+/// Host 2's server on `port`: for each connection, reads to EOF and answers
+/// the length and hash; reports each connection's outcome.
+fn server(port: u16, tx: mpsc::Sender<Result<usize, ErrorKind>>) -> std::thread::JoinHandle<()> {
+    in_ns("h2", move || {
+        let l = TcpListener::bind(("0.0.0.0", port)).unwrap();
         for s in l.incoming() {
             let Ok(mut s) = s else { continue };
             let tx = tx.clone();
@@ -350,14 +343,94 @@ fn file_sets_cross_five_switches_as_udp_and_an_engine_death_is_visible() {
                 let _ = tx.send(r.map_err(|e| e.kind()));
             });
         }
-    });
+    })
+}
+
+/// Frames and bytes offered on the middle links (both directions).
+fn middle_load(line: &Line) -> (u64, u64) {
+    let mut load = (0, 0);
+    for l in &line.links[1..line.links.len() - 1] {
+        let r = l.control().show().unwrap().report(&Accounting::default());
+        for d in [&r.a_to_b, &r.b_to_a] {
+            load.0 += d.total.offered.frames;
+            load.1 += d.total.offered.bytes;
+        }
+    }
+    load
+}
+
+/// Not a test: the direction of the paper's Figs. 7–8 on this line, SDUDP
+/// against plain TCP (host CUBIC/BBR as the kernel has it) over the same
+/// switches and links. `cargo test -p quicsdn-lab --test sdudp_e2e -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn load_on_the_middle_links_sdudp_against_tcp() {
+    common::require_root();
+    let _serial = common::serial();
+    let line = up();
+    // Plain TCP to port 9090 passes the switches by L2 rules, bypassing the engines.
+    for i in 1..=N {
+        let mut r = Vec::new();
+        if i == 1 {
+            r.push("priority=30,in_port=1,tcp,tp_dst=9090,actions=output:1002".to_string());
+            r.push("priority=30,in_port=1002,tcp,tp_src=9090,actions=output:1".into());
+        } else if i == N {
+            r.push("priority=30,in_port=1,tcp,tp_src=9090,actions=output:1001".to_string());
+            r.push("priority=30,in_port=1001,tcp,tp_dst=9090,actions=output:1".into());
+        } else {
+            r.push("priority=30,in_port=1001,tcp,actions=output:1002".to_string());
+            r.push("priority=30,in_port=1002,tcp,actions=output:1001".into());
+        }
+        flows(&line.ovs[i as usize - 1], &r);
+    }
+    let (tx, rx) = mpsc::channel();
+    let _s1 = server(8080, tx.clone());
+    let _s2 = server(9090, tx);
+    for (name, count, size) in [("A", 6000, 500), ("D", 30, 100_000)] {
+        for (transport, port) in [("sdudp", 8080), ("tcp", 9090)] {
+            for l in &line.links {
+                l.control().reset_counters().unwrap();
+            }
+            let t = Instant::now();
+            let r = in_ns("h1", move || send_set(port, count, size, 3))
+                .join()
+                .unwrap();
+            assert_eq!(r, Ok(()));
+            let _ = rx.recv_timeout(Duration::from_secs(10));
+            // Let the last releases and probes cross before counting.
+            std::thread::sleep(Duration::from_millis(500));
+            let (frames, bytes) = middle_load(&line);
+            for i in 2..N {
+                eprintln!("  relay {i}: {}", stats(&line, i)["engine"]);
+            }
+            eprintln!(
+                "set {name} {transport}: {:.2} s, middle links: {frames} frames, {bytes} bytes ({:.0} frames, {:.0} bytes per link)",
+                t.elapsed().as_secs_f64(),
+                frames as f64 / f64::from(N - 3),
+                bytes as f64 / f64::from(N - 3),
+            );
+        }
+    }
+}
+
+fn stats(line: &Line, i: u32) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(line.dir.join(format!("e{i}.json"))).unwrap()).unwrap()
+}
+
+#[test]
+fn file_sets_cross_five_switches_as_udp_and_an_engine_death_is_visible() {
+    common::require_root();
+    let _serial = common::serial();
+    let mut line = up();
+    let (tx, rx) = mpsc::channel::<Result<usize, ErrorKind>>();
+    let _server = server(8080, tx);
     for l in &line.links {
         l.control().reset_counters().unwrap();
     }
     // File set A (6000 × 0.5 KB) and D (30 × 100 KB).
     for (count, size) in [(6000, 500), (30, 100_000)] {
         let t = Instant::now();
-        let r = in_ns("h1", move || send_set(count, size, 7))
+        let r = in_ns("h1", move || send_set(8080, count, size, 7))
             .join()
             .unwrap();
         assert_eq!(r, Ok(()), "{count} × {size} B");

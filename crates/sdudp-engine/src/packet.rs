@@ -63,6 +63,22 @@ impl PacketSocket {
         if rc < 0 {
             return Err(io::Error::last_os_error()).with_context(|| format!("bind to {name}"));
         }
+        // Engines forward bursts of up to a window of datagrams; the default
+        // socket buffers (~200 KB) would drop most of a burst before the
+        // engine reads it. Root may exceed the sysctl limits (…FORCE).
+        for opt in [libc::SO_RCVBUFFORCE, libc::SO_SNDBUFFORCE] {
+            let size: libc::c_int = 16 << 20;
+            // SAFETY: a valid socket and an int option.
+            unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    &size as *const libc::c_int as *const libc::c_void,
+                    std::mem::size_of::<libc::c_int>() as u32,
+                );
+            }
+        }
         Ok(PacketSocket {
             fd,
             ifindex,

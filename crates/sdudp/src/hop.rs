@@ -1,0 +1,632 @@
+//! One flow at one hop: the sending half ([`HopSender`]) and the receiving
+//! half ([`HopReceiver`]) of the link between two adjacent engines.
+//!
+//! The sender numbers (at the edge) or forwards (at a relay) datagrams, keeps
+//! each until the next engine releases it, retransmits what that engine
+//! requests, and probes when it hears nothing. The receiver detects gaps in
+//! the IDs, requests the missing datagrams at once and again on a timer,
+//! hands datagrams on strictly in order, and releases them upstream.
+
+use crate::Config;
+use crate::msg::{Control, FlowKey};
+use crate::seq::{id_of, unwrap};
+use bytes::Bytes;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+/// Round-trip estimate of one hop (RFC 6298 §2, with the configured bounds).
+#[derive(Debug, Clone)]
+pub(crate) struct Rtt {
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    initial: Duration,
+    min: Duration,
+    max: Duration,
+}
+
+impl Rtt {
+    pub(crate) fn new(cfg: &Config) -> Rtt {
+        Rtt {
+            srtt: None,
+            rttvar: Duration::ZERO,
+            initial: cfg.initial_rto,
+            min: cfg.min_rto,
+            max: cfg.max_rto,
+        }
+    }
+
+    pub(crate) fn rto(&self) -> Duration {
+        match self.srtt {
+            None => self.initial.clamp(self.min, self.max),
+            // RFC 6298 (2.3): RTO = SRTT + max(G, K*RTTVAR), K = 4.
+            Some(s) => (s + 4 * self.rttvar).clamp(self.min, self.max),
+        }
+    }
+
+    /// `rto` doubled per earlier attempt (RFC 6298 (5.5)), capped at the maximum.
+    pub(crate) fn backed_off(&self, attempts: u32) -> Duration {
+        let mut t = self.rto();
+        for _ in 0..attempts.min(16) {
+            t = (t * 2).min(self.max);
+        }
+        t
+    }
+
+    pub(crate) fn sample(&mut self, r: Duration) {
+        match self.srtt {
+            // RFC 6298 (2.2): SRTT = R, RTTVAR = R/2.
+            None => {
+                self.srtt = Some(r);
+                self.rttvar = r / 2;
+            }
+            // RFC 6298 (2.3): beta = 1/4, alpha = 1/8.
+            Some(s) => {
+                let diff = s.abs_diff(r);
+                self.rttvar = (self.rttvar * 3 + diff) / 4;
+                self.srtt = Some((s * 7 + r) / 8);
+            }
+        }
+    }
+}
+
+/// Counters of a receiving half.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReceiverStats {
+    /// New datagrams accepted.
+    pub received: u64,
+    /// Datagrams that had arrived before (answered with feedback).
+    pub duplicates: u64,
+    /// Datagrams beyond the granted window (dropped; the sender keeps them).
+    pub beyond_window: u64,
+    /// FEEDBACK messages sent.
+    pub feedbacks: u64,
+    /// FEEDBACK messages that requested datagrams (NACKs).
+    pub nacks: u64,
+    /// NACKs that repeated a request whose answer did not come in time.
+    pub nack_repeats: u64,
+    /// Datagram requests (each missing datagram each time it is requested).
+    pub requested: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Request {
+    at: Instant,
+    times: u32,
+}
+
+/// The receiving half of a flow at one engine.
+#[derive(Debug)]
+pub struct HopReceiver {
+    flow: FlowKey,
+    capacity: u64,
+    release_every: u32,
+    release_delay: Duration,
+    max_ranges: usize,
+    dead_after: Duration,
+    /// Every sequence number below `next` arrived.
+    next: u64,
+    /// The previous engine may send sequence numbers below this.
+    limit: u64,
+    /// The limit the previous engine last heard.
+    advertised: u64,
+    /// One past the highest sequence number known to exist.
+    high: u64,
+    /// Arrived out of order: all in `(next, limit)`.
+    out_of_order: BTreeMap<u64, Bytes>,
+    /// In order, not yet taken by the owner.
+    ready: VecDeque<Bytes>,
+    /// Every missing sequence number in `[next, high)`, with its last request.
+    missing: BTreeMap<u64, Option<Request>>,
+    /// Missing datagrams never requested yet: request them now.
+    nack_now: bool,
+    /// When the earliest request is due again.
+    repeat_at: Option<Instant>,
+    /// In-order arrivals since the last feedback.
+    unreleased: u32,
+    feedback_now: bool,
+    feedback_at: Option<Instant>,
+    last_heard: Option<Instant>,
+    finished: bool,
+    failed: bool,
+    rtt: Rtt,
+    pub stats: ReceiverStats,
+}
+
+impl HopReceiver {
+    /// A receiver expecting sequence number 0 (every flow starts there).
+    pub fn new(flow: FlowKey, cfg: &Config) -> HopReceiver {
+        let capacity = u64::from(cfg.capacity);
+        HopReceiver {
+            flow,
+            capacity,
+            release_every: cfg.release_every,
+            release_delay: cfg.release_delay,
+            max_ranges: cfg.max_nack_ranges,
+            dead_after: cfg.dead_after,
+            next: 0,
+            limit: capacity,
+            advertised: capacity,
+            high: 0,
+            out_of_order: BTreeMap::new(),
+            ready: VecDeque::new(),
+            missing: BTreeMap::new(),
+            nack_now: false,
+            repeat_at: None,
+            unreleased: 0,
+            feedback_now: false,
+            feedback_at: None,
+            last_heard: None,
+            finished: false,
+            failed: false,
+            rtt: Rtt::new(cfg),
+            stats: ReceiverStats::default(),
+        }
+    }
+
+    pub fn flow(&self) -> FlowKey {
+        self.flow
+    }
+
+    /// The next sequence number expected in order.
+    pub fn next_seq(&self) -> u64 {
+        self.next
+    }
+
+    /// Datagrams held: out of order plus in order not yet taken.
+    pub fn held(&self) -> usize {
+        self.out_of_order.len() + self.ready.len()
+    }
+
+    /// Whether the previous engine has been silent for too long.
+    pub fn failed(&self) -> bool {
+        self.failed
+    }
+
+    /// The flow's last message arrived in order: silence is no failure now.
+    pub fn finish(&mut self) {
+        self.finished = true;
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// A numbered datagram from the previous engine.
+    pub fn on_data(&mut self, now: Instant, id: u16, payload: Bytes) {
+        self.last_heard = Some(now);
+        let seq = unwrap(id, self.next);
+        if seq < self.next || self.out_of_order.contains_key(&seq) {
+            // A retransmission that crossed our release, or a duplicate: tell
+            // the sender again what arrived, so it frees and stops.
+            self.stats.duplicates += 1;
+            self.feedback_now = true;
+            return;
+        }
+        if seq >= self.limit {
+            // The sender exceeded the window (or the ID is a stale one from a
+            // previous lap): it still holds the datagram, so dropping loses
+            // nothing; remind it of the window.
+            self.stats.beyond_window += 1;
+            self.feedback_now = true;
+            return;
+        }
+        self.stats.received += 1;
+        if let Some(Some(req)) = self.missing.remove(&seq)
+            && req.times == 1
+        {
+            // Karn: only a datagram requested once gives an unambiguous sample.
+            self.rtt.sample(now.saturating_duration_since(req.at));
+        }
+        if seq >= self.high {
+            // Everything between the old high mark and this one is missing.
+            for s in self.high..seq {
+                self.missing.insert(s, None);
+                self.nack_now = true;
+            }
+            self.high = seq + 1;
+        }
+        if seq == self.next {
+            self.ready.push_back(payload);
+            self.next += 1;
+            let mut advanced = 1;
+            while let Some(p) = self.out_of_order.remove(&self.next) {
+                self.ready.push_back(p);
+                self.next += 1;
+                advanced += 1;
+            }
+            self.unreleased += advanced;
+            if self.unreleased >= self.release_every {
+                self.feedback_now = true;
+            } else if self.feedback_at.is_none() {
+                self.feedback_at = Some(now + self.release_delay);
+            }
+        } else {
+            self.out_of_order.insert(seq, payload);
+        }
+    }
+
+    /// A PROBE: the previous engine has sent every sequence number before `next`.
+    pub fn on_probe(&mut self, now: Instant, next: u16) {
+        self.last_heard = Some(now);
+        let n = unwrap(next, self.next);
+        if n > self.high && n <= self.limit {
+            for s in self.high..n {
+                self.missing.insert(s, None);
+                self.nack_now = true;
+            }
+            self.high = n;
+        }
+        self.feedback_now = true;
+    }
+
+    /// The next in-order datagram, for the owner.
+    pub fn take_ready(&mut self) -> Option<Bytes> {
+        self.ready.pop_front()
+    }
+
+    /// The owner holds everything from `base` on (taken from [`Self::take_ready`]
+    /// and not yet passed on); the previous engine may send up to
+    /// `base + capacity`, so this hop never holds more than `capacity`.
+    pub fn set_base(&mut self, base: u64) {
+        let limit = base + self.capacity;
+        if limit > self.limit {
+            self.limit = limit;
+            // A sender stalled on the old limit learns of the new one at once
+            // once a quarter of the window opened (receiver-side silly window
+            // syndrome avoidance, RFC 9293 §3.8.6.2.2); smaller openings ride
+            // on the next regular feedback.
+            if self.limit - self.advertised >= (self.capacity / 4).max(1) {
+                self.feedback_now = true;
+            }
+        }
+    }
+
+    /// When [`Self::handle_timeout`] or [`Self::poll_control`] has work next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let liveness = match (self.finished, self.last_heard) {
+            (false, Some(t)) => Some(t + self.dead_after),
+            _ => None,
+        };
+        [self.feedback_at, self.repeat_at, liveness]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if !self.finished
+            && let Some(t) = self.last_heard
+            && now >= t + self.dead_after
+        {
+            self.failed = true;
+        }
+    }
+
+    /// The FEEDBACK to send now, if any: a release, a window update, a NACK.
+    pub fn poll_control(&mut self, now: Instant) -> Option<Control> {
+        if self.failed {
+            return None;
+        }
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        let mut repeated = false;
+        if self.nack_now || self.repeat_at.is_some_and(|t| t <= now) {
+            self.nack_now = false;
+            let mut full = false;
+            for (&seq, req) in self.missing.iter_mut() {
+                let due = match req {
+                    None => true,
+                    Some(r) => r.at + self.rtt.backed_off(r.times - 1) <= now,
+                };
+                if !due {
+                    continue;
+                }
+                let extends = ranges
+                    .last()
+                    .is_some_and(|&(first, count)| first + count == seq);
+                if extends {
+                    ranges.last_mut().expect("checked").1 += 1;
+                } else if ranges.len() == self.max_ranges {
+                    // The rest goes in the next message.
+                    full = true;
+                    break;
+                } else {
+                    ranges.push((seq, 1));
+                }
+                let times = req.map_or(0, |r| r.times);
+                repeated |= times > 0;
+                *req = Some(Request {
+                    at: now,
+                    times: times + 1,
+                });
+                self.stats.requested += 1;
+            }
+            self.nack_now = full;
+            self.repeat_at = self
+                .missing
+                .values()
+                .flatten()
+                .map(|r| r.at + self.rtt.backed_off(r.times - 1))
+                .min();
+        }
+        let release = self.feedback_now || self.feedback_at.is_some_and(|t| t <= now);
+        if ranges.is_empty() && !release {
+            return None;
+        }
+        self.stats.feedbacks += 1;
+        if !ranges.is_empty() {
+            self.stats.nacks += 1;
+            if repeated {
+                self.stats.nack_repeats += 1;
+            }
+        }
+        self.advertised = self.limit;
+        self.unreleased = 0;
+        self.feedback_now = false;
+        self.feedback_at = None;
+        Some(Control::Feedback {
+            flow: self.flow,
+            cum: id_of(self.next),
+            limit: id_of(self.limit),
+            missing: ranges
+                .into_iter()
+                .map(|(first, count)| (id_of(first), count as u16))
+                .collect(),
+        })
+    }
+}
+
+/// Counters of a sending half.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SenderStats {
+    /// Datagrams sent the first time.
+    pub sent: u64,
+    /// Datagrams sent again because the next engine requested them.
+    pub retransmitted: u64,
+    /// PROBE messages sent.
+    pub probes: u64,
+    /// FEEDBACK messages received.
+    pub feedbacks: u64,
+    /// FEEDBACK messages ignored (releasing what was never sent).
+    pub bad_feedback: u64,
+}
+
+/// The sending half of a flow at one engine.
+#[derive(Debug)]
+pub struct HopSender {
+    flow: FlowKey,
+    capacity: usize,
+    keepalive: Duration,
+    dead_after: Duration,
+    release_delay: Duration,
+    /// Every sequence number below `base` was released by the next engine.
+    base: u64,
+    /// Sequence numbers `base..base + buf.len()`.
+    buf: VecDeque<Bytes>,
+    /// The next sequence number to send (not yet sent, or to be sent again
+    /// after a smaller window than assumed).
+    next_tx: u64,
+    /// One past the highest sequence number ever sent.
+    sent_end: u64,
+    /// Whether `limit` came from the receiver (or is our assumption).
+    limit_heard: bool,
+    /// The next engine accepts sequence numbers below this.
+    limit: u64,
+    /// Requested again by the next engine.
+    retx: BTreeSet<u64>,
+    last_heard: Instant,
+    probe_at: Option<Instant>,
+    /// Probes since the next engine last answered.
+    probes: u32,
+    first_probe_at: Option<Instant>,
+    finished: bool,
+    failed: bool,
+    rtt: Rtt,
+    pub stats: SenderStats,
+}
+
+impl HopSender {
+    /// A sender whose first datagram will be sequence number 0.
+    pub fn new(flow: FlowKey, cfg: &Config, now: Instant) -> HopSender {
+        HopSender {
+            flow,
+            capacity: cfg.capacity as usize,
+            keepalive: cfg.keepalive,
+            dead_after: cfg.dead_after,
+            release_delay: cfg.release_delay,
+            base: 0,
+            buf: VecDeque::new(),
+            next_tx: 0,
+            sent_end: 0,
+            limit_heard: false,
+            limit: u64::from(cfg.capacity),
+            retx: BTreeSet::new(),
+            last_heard: now,
+            probe_at: None,
+            probes: 0,
+            first_probe_at: None,
+            finished: false,
+            failed: false,
+            rtt: Rtt::new(cfg),
+            stats: SenderStats::default(),
+        }
+    }
+
+    pub fn flow(&self) -> FlowKey {
+        self.flow
+    }
+
+    /// The first sequence number not yet released by the next engine.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// One past the last sequence number pushed.
+    pub fn end(&self) -> u64 {
+        self.base + self.buf.len() as u64
+    }
+
+    /// Datagrams held (sent and unreleased, or waiting to be sent).
+    pub fn held(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Datagrams that may still be pushed.
+    pub fn room(&self) -> usize {
+        self.capacity.saturating_sub(self.buf.len())
+    }
+
+    pub fn failed(&self) -> bool {
+        self.failed
+    }
+
+    /// The flow's last message was pushed.
+    pub fn finish(&mut self) {
+        self.finished = true;
+    }
+
+    /// The last message was pushed and the next engine released everything.
+    pub fn is_done(&self) -> bool {
+        self.finished && self.buf.is_empty()
+    }
+
+    /// Appends a datagram; returns its sequence number (its IPv4 ID is the low
+    /// 16 bits, [`crate::ipv4`]). The caller checks [`Self::room`] first: a
+    /// full sender is the backpressure that reaches the sending host.
+    pub fn push(&mut self, payload: Bytes) -> u64 {
+        assert!(self.room() > 0, "HopSender::push without room");
+        self.buf.push_back(payload);
+        self.end() - 1
+    }
+
+    fn on_send(&mut self, now: Instant) {
+        if self.probes == 0 {
+            self.probe_at = Some(now + self.probe_interval());
+        }
+    }
+
+    fn probe_interval(&self) -> Duration {
+        if self.base < self.next_tx || self.next_tx < self.end() {
+            // Outstanding: the answer is due within a round trip plus the
+            // receiver's release delay.
+            self.rtt.backed_off(self.probes) + self.release_delay
+        } else {
+            self.keepalive
+        }
+    }
+
+    /// The next datagram to send: requested retransmissions first, then new
+    /// ones within the next engine's window.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<(u16, Bytes)> {
+        while let Some(seq) = self.retx.pop_first() {
+            if seq >= self.base && seq < self.next_tx.min(self.sent_end) {
+                self.stats.retransmitted += 1;
+                self.on_send(now);
+                return Some((id_of(seq), self.buf[(seq - self.base) as usize].clone()));
+            }
+        }
+        if self.next_tx < self.end() && self.next_tx < self.limit {
+            let seq = self.next_tx;
+            self.next_tx += 1;
+            if seq < self.sent_end {
+                self.stats.retransmitted += 1;
+            } else {
+                self.sent_end = self.next_tx;
+                self.stats.sent += 1;
+            }
+            self.on_send(now);
+            return Some((id_of(seq), self.buf[(seq - self.base) as usize].clone()));
+        }
+        None
+    }
+
+    /// A FEEDBACK from the next engine.
+    pub fn on_feedback(&mut self, now: Instant, cum: u16, limit: u16, missing: &[(u16, u16)]) {
+        let cum = unwrap(cum, self.base);
+        if cum > self.sent_end {
+            // Releases what was never sent: not from our next engine's state.
+            self.stats.bad_feedback += 1;
+            return;
+        }
+        self.stats.feedbacks += 1;
+        self.last_heard = now;
+        if self.probes == 1
+            && let Some(t) = self.first_probe_at
+        {
+            self.rtt.sample(now.saturating_duration_since(t));
+        }
+        self.probes = 0;
+        self.first_probe_at = None;
+        let fresh = cum >= self.base;
+        // A reordered older feedback releases nothing new.
+        while self.base < cum {
+            self.buf.pop_front();
+            self.base += 1;
+        }
+        if self.next_tx < self.base {
+            // Released what we meant to send again after a rewind (below).
+            self.next_tx = self.base;
+        }
+        let limit = unwrap(limit, self.base);
+        if fresh && !self.limit_heard {
+            // The first window the receiver states. Smaller than we assumed
+            // (its capacity is smaller than ours), it dropped what we sent
+            // beyond it: send that again when the window opens.
+            self.limit_heard = true;
+            if limit < self.next_tx {
+                self.next_tx = limit.max(self.base);
+                self.retx.retain(|&s| s < self.next_tx);
+            }
+            self.limit = limit;
+        } else {
+            // A receiver's window never shrinks: a smaller one is from an older,
+            // reordered feedback.
+            self.limit = self.limit.max(limit);
+        }
+        for &(first, count) in missing {
+            let first = unwrap(first, self.base);
+            for seq in first..first + u64::from(count) {
+                if seq >= self.base && seq < self.next_tx.min(self.sent_end) {
+                    self.retx.insert(seq);
+                }
+            }
+        }
+        self.probe_at = if self.is_done() {
+            None
+        } else {
+            Some(now + self.probe_interval())
+        };
+    }
+
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.is_done() || self.failed {
+            return None;
+        }
+        [self.probe_at, Some(self.last_heard + self.dead_after)]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if !self.is_done() && now >= self.last_heard + self.dead_after {
+            self.failed = true;
+        }
+    }
+
+    /// The PROBE to send now, if any.
+    pub fn poll_control(&mut self, now: Instant) -> Option<Control> {
+        if self.failed || self.is_done() || self.probe_at.is_none_or(|t| t > now) {
+            return None;
+        }
+        self.probes += 1;
+        self.stats.probes += 1;
+        if self.probes == 1 {
+            self.first_probe_at = Some(now);
+        }
+        self.probe_at = Some(now + self.probe_interval());
+        Some(Control::Probe {
+            flow: self.flow,
+            next: id_of(self.next_tx),
+        })
+    }
+}

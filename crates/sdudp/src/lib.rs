@@ -1,0 +1,144 @@
+//! `quicsdn-sdudp`: the sans-IO core of SDUDP (paper `sdudp`: "SDUDP: A Reliable
+//! UDP-Based Transmission Protocol Over SDN"), no sockets and no clock: every
+//! call takes `now`.
+//!
+//! A TCP connection between two hosts is terminated at its two edge switches by
+//! TCP engines; between them its bytes travel as plain UDP datagrams, numbered
+//! by the IPv4 Identification field from 0, +1 per datagram, over a path the
+//! controller fixes with OpenFlow rules. A retransmission engine in every
+//! switch of the path (or a chosen subset) holds what it forwarded until the
+//! next engine releases it, detects a gap in the IDs at once and asks the
+//! previous engine for the missing datagrams (repeating the request on a timer
+//! if it is lost), and forwards strictly in order.
+//!
+//! Layers, bottom up:
+//! * [`seq`]: 16-bit IDs ⇄ 64-bit sequence numbers (wrap-around).
+//! * [`msg`]: what a numbered datagram carries ([`msg::Message`]: open,
+//!   accept, refuse, data, FIN, reset) and the hop-by-hop control messages
+//!   between adjacent engines ([`msg::Control`]: feedback = release + NACK +
+//!   window, probe, fail).
+//! * [`ipv4`]: IPv4/UDP headers of the numbered datagrams (where the ID is
+//!   written, RFC 6864).
+//! * [`hop`]: one flow's sending half ([`hop::HopSender`]: numbering, the
+//!   retransmission buffer, probes) and receiving half ([`hop::HopReceiver`]:
+//!   gap detection, NACKs, in-order release, liveness).
+//! * [`engine`]: the retransmission engine of a switch: many flows, each a
+//!   receiver feeding a sender through one bounded buffer.
+//! * [`accumulate`]: packet accumulation with a bounded wait.
+//! * [`conn`]: the TCP engine's per-connection state machine at an edge:
+//!   setup semantics (the host's SYN-ACK only once the far host accepted),
+//!   stream bytes ⇄ numbered datagrams, FIN and RST end to end, failure.
+//!
+//! Reliability contract: every datagram a sender numbered reaches the far edge
+//! exactly once and in order, or the flow fails visibly ([`engine::EngineEvent::FlowFailed`],
+//! [`conn::ConnEvent::ResetHost`]) on every engine that can still be reached.
+//! Buffers are bounded by [`Config::capacity`] datagrams per flow and engine;
+//! a full downstream stops the upstream engines and finally the edge's
+//! sender, whose host then sees TCP's own flow control, never a drop.
+
+pub mod accumulate;
+pub mod conn;
+pub mod engine;
+pub mod hop;
+pub mod ipv4;
+pub mod msg;
+pub mod seq;
+
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod tests;
+
+pub use accumulate::Accumulator;
+pub use conn::{ConnEvent, Connection, Role};
+pub use engine::{Engine, EngineEvent, EngineStats};
+pub use hop::{HopReceiver, HopSender};
+pub use msg::{Control, Direction, FailReason, FlowKey, Message, MsgError, TcpOptions};
+
+use std::time::Duration;
+
+/// Largest [`Config::capacity`]: a flow's datagrams in flight at one hop must
+/// span less than half the 16-bit ID space, so every ID an engine can see
+/// names exactly one sequence number ([`seq::unwrap`]).
+pub const MAX_CAPACITY: u32 = 16_384;
+
+/// Settings shared by every engine of a path (the controller gives all of them
+/// the same values; [`Config::capacity`] in particular is each receiver's
+/// initial window as its sender assumes it).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Datagrams one flow may hold at one engine: forwarded but not yet
+    /// released by the next engine, waiting to be forwarded, or out of order.
+    /// Also the window each engine grants the previous one. At most
+    /// [`MAX_CAPACITY`].
+    pub capacity: u32,
+    /// Retransmission timeout of a hop before any round-trip sample.
+    pub initial_rto: Duration,
+    /// Lower bound of a hop's retransmission timeout.
+    pub min_rto: Duration,
+    /// Upper bound of a hop's retransmission timeout (after backoff).
+    pub max_rto: Duration,
+    /// A receiver releases (sends feedback) after this many in-order datagrams…
+    pub release_every: u32,
+    /// …or this long after the first unreleased one, whichever comes first.
+    pub release_delay: Duration,
+    /// An idle sender probes the next engine this often, so both know the
+    /// other is alive.
+    pub keepalive: Duration,
+    /// A flow fails when the neighbouring engine has been silent this long.
+    pub dead_after: Duration,
+    /// How long an engine remembers a finished or failed flow (late duplicates
+    /// of it are then ignored instead of starting a new flow).
+    pub linger: Duration,
+    /// Most ranges of missing datagrams one NACK names.
+    pub max_nack_ranges: usize,
+    /// Most flows one engine holds; datagrams of further flows are dropped
+    /// (their senders then fail them visibly).
+    pub max_flows: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            capacity: 1024,
+            // The first request for a gap goes out at once; the RTO only paces
+            // repeated requests and probes. 100 ms covers a 20 ms link (40 ms
+            // round trip) with room; samples then take over.
+            initial_rto: Duration::from_millis(100),
+            min_rto: Duration::from_millis(5),
+            max_rto: Duration::from_secs(1),
+            release_every: 16,
+            release_delay: Duration::from_millis(10),
+            keepalive: Duration::from_secs(1),
+            dead_after: Duration::from_secs(5),
+            linger: Duration::from_secs(10),
+            max_nack_ranges: 64,
+            max_flows: 65_536,
+        }
+    }
+}
+
+impl Config {
+    /// Checks the settings' invariants; the engines assume them.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.capacity == 0 || self.capacity > MAX_CAPACITY {
+            return Err(format!(
+                "capacity {} out of range 1..={MAX_CAPACITY} (datagrams in flight at one hop must span less than half the 16-bit ID space)",
+                self.capacity
+            ));
+        }
+        if self.release_every == 0 {
+            return Err("release_every must be at least 1".into());
+        }
+        if self.min_rto.is_zero() || self.min_rto > self.max_rto {
+            return Err("need 0 < min_rto <= max_rto".into());
+        }
+        if self.dead_after <= self.keepalive {
+            return Err("dead_after must exceed keepalive".into());
+        }
+        if self.max_nack_ranges == 0 {
+            return Err("max_nack_ranges must be at least 1".into());
+        }
+        Ok(())
+    }
+}

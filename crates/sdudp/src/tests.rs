@@ -1,0 +1,651 @@
+//! The engines on a virtual clock over simulated lossy links ([`crate::sim`]).
+
+use crate::Config;
+use crate::conn::{ConnEvent, EdgeConfig};
+use crate::hop::{HopReceiver, HopSender};
+use crate::msg::{Control, FailReason, FlowKey, RefuseReason};
+use crate::sim::{Link, Reader, Sim, Wire};
+use bytes::Bytes;
+use proptest::prelude::*;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn pattern(n: usize, seed: u64) -> Vec<u8> {
+    let mut r = crate::sim::Rng(seed | 1);
+    (0..n).map(|_| r.next() as u8).collect()
+}
+
+fn flow() -> FlowKey {
+    FlowKey {
+        src: Ipv4Addr::new(10, 0, 1, 254),
+        dst: Ipv4Addr::new(10, 0, 5, 254),
+        sport: 1,
+        dport: 2,
+    }
+}
+
+fn small(capacity: u32) -> EdgeConfig {
+    EdgeConfig {
+        hop: Config {
+            capacity,
+            ..Config::default()
+        },
+        ..EdgeConfig::default()
+    }
+}
+
+/// Asserts a finished run: every byte once and in order both ways, FIN both
+/// ways, both connections and every engine's flow closed normally.
+fn assert_clean_finish(sim: &Sim) {
+    assert_eq!(sim.at_b.len(), sim.a_data.len(), "bytes at B");
+    assert!(sim.at_b == sim.a_data, "A→B stream differs");
+    assert!(sim.at_a == sim.b_data, "B→A stream differs");
+    for events in [&sim.a_events, &sim.b_events] {
+        assert!(events.contains(&ConnEvent::ShutdownHost), "{events:?}");
+        assert!(events.contains(&ConnEvent::Closed), "{events:?}");
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, ConnEvent::ResetHost { .. })),
+            "{events:?}"
+        );
+    }
+    for i in 1..sim.nodes.len() - 1 {
+        let s = &sim.relay(i).stats();
+        assert_eq!(sim.relay(i).flows(), 0, "relay {i} still holds flows");
+        assert_eq!(s.flows_failed, 0, "relay {i}: {s:?}");
+        assert_eq!(s.flows_done, 2, "relay {i}: {s:?}");
+    }
+}
+
+#[test]
+fn clean_line_delivers_both_ways_and_closes() {
+    let mut sim = Sim::new(3, Link::clean(ms(20)), EdgeConfig::default(), 1);
+    sim.a_data = pattern(300_000, 2);
+    sim.b_data = pattern(50_000, 3);
+    sim.connect();
+    sim.run(Duration::from_secs(60));
+    assert_clean_finish(&sim);
+    // Nothing was lost, so nothing was requested or sent twice.
+    for i in 1..4 {
+        let s = &sim.relay(i).stats();
+        assert_eq!((s.nacks, s.retransmitted, s.duplicates), (0, 0, 0), "{s:?}");
+    }
+    // Full datagrams: 300,000 bytes in ⌈300000/1471⌉ = 204 DATA datagrams,
+    // plus OPEN and FIN; the far side's ACCEPT, 34 DATA and FIN.
+    let forwarded = sim.relay(2).stats().forwarded;
+    assert_eq!(
+        forwarded,
+        204 + 2 + 1 + 34 + 1,
+        "{:?}",
+        sim.relay(2).stats()
+    );
+    // Feedback is a small fraction of the data (one release per 16 or 10 ms).
+    assert!(
+        sim.control_on_link[1] * 4 < sim.data_on_link[1],
+        "{:?} {:?}",
+        sim.control_on_link,
+        sim.data_on_link
+    );
+}
+
+#[test]
+fn setup_waits_for_the_far_host_and_refusal_is_refusal() {
+    // Accepted: A's host hears SYN-ACK only after B's host accepted, i.e.
+    // after a full round trip over the line (4 links of 20 ms each way).
+    let mut sim = Sim::new(3, Link::clean(ms(20)), EdgeConfig::default(), 5);
+    sim.connect();
+    sim.run(ms(159));
+    assert!(
+        sim.b_events
+            .iter()
+            .any(|e| matches!(e, ConnEvent::ConnectHost { .. }))
+    );
+    assert!(
+        !sim.a_events
+            .iter()
+            .any(|e| matches!(e, ConnEvent::AcceptHost { .. }))
+    );
+    sim.run(ms(161));
+    assert!(
+        matches!(sim.a_events.first(), Some(ConnEvent::AcceptHost { .. })),
+        "{:?}",
+        sim.a_events
+    );
+
+    for reason in [RefuseReason::Refused, RefuseReason::Unreachable] {
+        let mut sim = Sim::new(2, Link::clean(ms(5)), EdgeConfig::default(), 6);
+        sim.refuse = Some(reason);
+        sim.a_data = pattern(1000, 1);
+        sim.connect();
+        sim.run(Duration::from_secs(30));
+        assert_eq!(
+            sim.a_events,
+            vec![ConnEvent::RefuseHost(reason), ConnEvent::Closed]
+        );
+        assert!(sim.at_b.is_empty());
+        assert!(
+            sim.b_events.contains(&ConnEvent::Closed),
+            "{:?}",
+            sim.b_events
+        );
+        for i in 1..3 {
+            assert_eq!(sim.relay(i).flows(), 0);
+            assert_eq!(sim.relay(i).stats().flows_failed, 0);
+        }
+    }
+}
+
+#[test]
+fn lossy_reordering_duplicating_line_is_exactly_once_in_order() {
+    let link = Link {
+        loss: 0.05,
+        dup: 0.03,
+        delay: ms(10),
+        jitter: ms(8),
+    };
+    let mut sim = Sim::new(4, link, small(64), 11);
+    sim.a_data = pattern(400_000, 12);
+    sim.b_data = pattern(100_000, 13);
+    sim.connect();
+    sim.run(Duration::from_secs(300));
+    assert_clean_finish(&sim);
+    let nacks: u64 = (1..5).map(|i| sim.relay(i).stats().nacks).sum();
+    let retx: u64 = (1..5).map(|i| sim.relay(i).stats().retransmitted).sum();
+    assert!(
+        nacks > 10 && retx > 10,
+        "engines at work: {nacks} NACKs, {retx} retransmissions"
+    );
+    for i in 1..5 {
+        assert!(
+            sim.relay(i).stats().max_held <= 64,
+            "{:?}",
+            sim.relay(i).stats()
+        );
+    }
+}
+
+#[test]
+fn ids_wrap_around_on_long_transfers() {
+    // 67,000 datagrams of 10 bytes (no accumulation): the IDs wrap once, with
+    // loss and duplication around the wrap too. The path keeps order (as a
+    // controller-fixed path does), so a gap is a loss: retransmissions stay
+    // close to the losses.
+    let mut cfg = small(256);
+    cfg.accumulate = false;
+    let link = Link {
+        loss: 0.01,
+        dup: 0.01,
+        delay: ms(1),
+        jitter: Duration::ZERO,
+    };
+    let mut sim = Sim::new(1, link, cfg, 21);
+    sim.a_data = pattern(670_000, 22);
+    sim.a_write = 10;
+    sim.connect();
+    sim.run(Duration::from_secs(600));
+    assert_clean_finish(&sim);
+    let s = &sim.relay(1).stats();
+    assert!(s.forwarded > 67_000, "{s:?}");
+    assert!(s.nacks > 0 && s.duplicates > 0, "{s:?}");
+    // About 1 % of 67,000 lost on the second link, and of the requests and
+    // retransmissions: well under 2 %.
+    assert!(s.retransmitted > 300 && s.retransmitted < 1_340, "{s:?}");
+}
+
+#[test]
+fn a_lost_nack_is_repeated() {
+    // Drop the first FEEDBACK carrying a NACK from relay 2 to relay 1; lose
+    // data datagram 10 once on that link to cause it.
+    let mut cfg = small(1024);
+    cfg.accumulate = false;
+    let mut sim = Sim::new(3, Link::clean(ms(10)), cfg, 31);
+    let mut dropped_data = false;
+    let mut dropped_nack = false;
+    sim.drop_if = Some(Box::new(move |_, from, to, w| match w {
+        Wire::Data(d) if from == 1 && to == 2 && !dropped_data => {
+            let (h, _) = crate::ipv4::parse(d).unwrap();
+            if h.id == 10 && h.src == crate::sim::A_ADDR {
+                dropped_data = true;
+                return true;
+            }
+            false
+        }
+        Wire::Control(c) if from == 2 && to == 1 && !dropped_nack => {
+            if let Ok(Control::Feedback { missing, .. }) = Control::decode(c)
+                && !missing.is_empty()
+            {
+                dropped_nack = true;
+                return true;
+            }
+            false
+        }
+        _ => false,
+    }));
+    sim.a_data = pattern(100 * 30, 32);
+    sim.a_write = 100;
+    sim.connect();
+    sim.run(Duration::from_secs(30));
+    assert_clean_finish(&sim);
+    let s = &sim.relay(2).stats();
+    assert_eq!(s.nack_repeats, 1, "{s:?}");
+    assert_eq!(s.nacks, 2, "{s:?}");
+    assert_eq!(sim.relay(1).stats().retransmitted, 1);
+}
+
+#[test]
+fn a_slow_reader_bounds_every_buffer_and_stops_the_writer() {
+    let capacity = 16;
+    let mut sim = Sim::new(
+        3,
+        Link {
+            loss: 0.02,
+            dup: 0.0,
+            delay: ms(5),
+            jitter: ms(2),
+        },
+        small(capacity),
+        41,
+    );
+    sim.a_data = pattern(600_000, 42);
+    // B reads 10 KB every 50 ms: 200 KB/s, far below what the line could carry.
+    sim.reader = Reader {
+        chunk: Some(10_000),
+        interval: ms(50),
+    };
+    sim.connect();
+    sim.run(Duration::from_secs(1));
+    // After a second the writer is stopped: far less than the data was taken.
+    assert!(sim.a_written < 600_000 / 2, "written {}", sim.a_written);
+    let a = sim.a_conn.unwrap();
+    assert_eq!(
+        sim.edge(0).send_capacity(a),
+        0,
+        "the writer must be held back"
+    );
+    sim.run(Duration::from_secs(120));
+    assert_eq!(sim.at_b, sim.a_data);
+    for i in 1..4 {
+        let s = &sim.relay(i).stats();
+        assert!(s.max_held <= capacity as usize, "relay {i}: {s:?}");
+        assert_eq!(s.beyond_window, 0, "relay {i}: {s:?}");
+    }
+    assert!(sim.max_edge_held <= capacity as usize);
+}
+
+#[test]
+fn a_dead_engine_resets_both_hosts_and_never_corrupts() {
+    // A small window, so the transfer is truly in the middle when it dies.
+    let mut sim = Sim::new(3, Link::clean(ms(5)), small(64), 51);
+    sim.a_data = pattern(2_000_000, 52);
+    sim.reader = Reader {
+        chunk: Some(20_000),
+        interval: ms(10),
+    };
+    let start = sim.start;
+    // Relay 2 dies after 500 ms: nothing reaches it or leaves it.
+    sim.drop_if = Some(Box::new(move |now, from, to, _| {
+        now >= start + ms(500) && (from == 2 || to == 2)
+    }));
+    sim.connect();
+    sim.run(Duration::from_secs(30));
+    let dead_after = Config::default().dead_after;
+    for events in [&sim.a_events, &sim.b_events] {
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, ConnEvent::ResetHost { failure: Some(_) })),
+            "{events:?}"
+        );
+        assert!(events.contains(&ConnEvent::Closed));
+    }
+    assert!(
+        sim.elapsed() < ms(500) + dead_after * 3,
+        "{:?}",
+        sim.elapsed()
+    );
+    assert!(!sim.at_b.is_empty() && sim.at_b.len() < sim.a_data.len());
+    assert!(
+        sim.a_data.starts_with(&sim.at_b),
+        "what arrived is a prefix"
+    );
+    assert!(sim.relay(1).stats().flows_failed > 0 && sim.relay(3).stats().flows_failed > 0);
+}
+
+#[test]
+fn host_reset_passes_end_to_end() {
+    // Mid-transfer: RESET follows the data in the flow; B's host is reset as
+    // by its peer (no failure). With a large window A's host already wrote
+    // everything and closed its side (FIN): the reset then travels back as a
+    // hop-by-hop abort, and B's host is reset all the same.
+    for (capacity, expected) in [(64, None), (1024, Some(FailReason::Aborted))] {
+        let mut sim = Sim::new(2, Link::clean(ms(5)), small(capacity), 61);
+        sim.a_data = pattern(1_000_000, 62);
+        sim.reader = Reader {
+            chunk: Some(10_000),
+            interval: ms(10),
+        };
+        sim.connect();
+        sim.run(ms(100));
+        assert_eq!(sim.a_fin, expected.is_some());
+        let a = sim.a_conn.unwrap();
+        let now = sim.now;
+        sim.edge(0).host_reset(now, a);
+        sim.run(Duration::from_secs(30));
+        assert!(
+            sim.b_events
+                .contains(&ConnEvent::ResetHost { failure: expected }),
+            "{:?}",
+            sim.b_events
+        );
+        assert!(sim.b_events.contains(&ConnEvent::Closed));
+        assert!(!sim.b_events.contains(&ConnEvent::ShutdownHost));
+        assert!(
+            !sim.a_events
+                .iter()
+                .any(|e| matches!(e, ConnEvent::ResetHost { .. }))
+        );
+        assert!(sim.at_b.len() < sim.a_data.len() && sim.a_data.starts_with(&sim.at_b));
+        if expected.is_none() {
+            for i in 1..3 {
+                assert_eq!(sim.relay(i).flows(), 0);
+                assert_eq!(
+                    sim.relay(i).stats().flows_failed,
+                    0,
+                    "{:?}",
+                    sim.relay(i).stats()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn accumulation_fills_datagrams_and_bounds_the_wait() {
+    // File set A's pattern: 0.5 KB writes, one per millisecond.
+    let mut counts = Vec::new();
+    for accumulate in [true, false] {
+        let cfg = EdgeConfig {
+            accumulate,
+            ..EdgeConfig::default()
+        };
+        let mut sim = Sim::new(1, Link::clean(ms(20)), cfg, 71);
+        sim.a_data = pattern(500 * 200, 72);
+        sim.a_write = 500;
+        sim.a_interval = ms(1);
+        sim.connect();
+        sim.run(Duration::from_secs(30));
+        assert_clean_finish(&sim);
+        counts.push(sim.relay(1).stats().forwarded);
+    }
+    // With: ~100 KB / 1471 ≈ 68 DATA; without: 200.
+    assert!(counts[0] * 2 < counts[1], "{counts:?}");
+
+    // One small write, no FIN: it still leaves within the wait.
+    let mut sim = Sim::new(1, Link::clean(ms(20)), EdgeConfig::default(), 73);
+    sim.a_close = false;
+    sim.connect();
+    sim.run(ms(100));
+    let a = sim.a_conn.unwrap();
+    let now = sim.now;
+    assert_eq!(sim.edge(0).send(now, a, b"tail"), 4);
+    sim.run(ms(100) + ms(5) + ms(40) + ms(1));
+    assert_eq!(sim.at_b, b"tail");
+}
+
+#[test]
+fn receiver_nacks_a_gap_at_once_and_repeats_on_its_timer() {
+    let cfg = Config::default();
+    let t0 = Instant::now();
+    let mut rx = HopReceiver::new(flow(), &cfg);
+    rx.on_data(t0, 0, Bytes::from_static(b"a"));
+    rx.on_data(t0, 3, Bytes::from_static(b"d"));
+    match rx.poll_control(t0) {
+        Some(Control::Feedback { cum, missing, .. }) => {
+            assert_eq!(cum, 1);
+            assert_eq!(missing, vec![(1, 2)]);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Nothing new: no message until the repeat timer.
+    assert_eq!(rx.poll_control(t0 + ms(1)), None);
+    let again = rx.poll_timeout().unwrap();
+    assert_eq!(again, t0 + cfg.initial_rto);
+    match rx.poll_control(again) {
+        Some(Control::Feedback { missing, .. }) => assert_eq!(missing, vec![(1, 2)]),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(rx.stats.nack_repeats, 1);
+    rx.on_data(again, 1, Bytes::from_static(b"b"));
+    rx.on_data(again, 2, Bytes::from_static(b"c"));
+    let got: Vec<Bytes> = std::iter::from_fn(|| rx.take_ready()).collect();
+    assert_eq!(got, vec!["a", "b", "c", "d"]);
+    // A duplicate is answered at once, and so is a probe revealing a lost tail.
+    rx.on_data(again, 2, Bytes::from_static(b"c"));
+    assert!(matches!(
+        rx.poll_control(again),
+        Some(Control::Feedback { cum: 4, .. })
+    ));
+    rx.on_probe(again, 6);
+    match rx.poll_control(again) {
+        Some(Control::Feedback {
+            cum: 4, missing, ..
+        }) => assert_eq!(missing, vec![(4, 2)]),
+        other => panic!("{other:?}"),
+    }
+    // Beyond the granted window: dropped, not held.
+    rx.on_data(again, 4 + 1024, Bytes::from_static(b"x"));
+    assert_eq!(rx.stats.beyond_window, 1);
+    assert_eq!(rx.held(), 0);
+}
+
+#[test]
+fn sender_retransmits_requests_respects_the_window_and_fails_when_unanswered() {
+    let cfg = Config {
+        capacity: 4,
+        ..Config::default()
+    };
+    let t0 = Instant::now();
+    let mut tx = HopSender::new(flow(), &cfg, t0);
+    for i in 0..4u8 {
+        tx.push(Bytes::from(vec![i]));
+    }
+    assert_eq!(tx.room(), 0);
+    let sent: Vec<u16> = std::iter::from_fn(|| tx.poll_transmit(t0))
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(sent, vec![0, 1, 2, 3]);
+    tx.on_feedback(t0 + ms(1), 1, 5, &[(2, 1)]);
+    assert_eq!(tx.base(), 1);
+    assert_eq!(tx.poll_transmit(t0 + ms(1)).map(|(id, _)| id), Some(2));
+    tx.push(Bytes::from_static(b"4"));
+    assert_eq!(tx.room(), 0);
+    assert_eq!(tx.poll_transmit(t0 + ms(1)).map(|(id, _)| id), Some(4));
+    // An older, reordered feedback changes nothing.
+    tx.on_feedback(t0 + ms(1), 0, 4, &[]);
+    assert_eq!(tx.base(), 1);
+    tx.on_feedback(t0 + ms(1), 2, 5, &[]);
+    tx.push(Bytes::from_static(b"5"));
+    // Window ends at 5: sequence 5 must wait.
+    assert_eq!(tx.poll_transmit(t0 + ms(1)), None);
+    // No answer: probes, then failure after dead_after.
+    let mut now = t0 + ms(1);
+    let mut probes = 0;
+    while !tx.failed() {
+        now = tx.poll_timeout().unwrap();
+        tx.handle_timeout(now);
+        if tx.poll_control(now).is_some() {
+            probes += 1;
+        }
+    }
+    assert!(probes >= 3, "{probes}");
+
+    // A receiver granting less than the sender assumed: what went beyond its
+    // window is sent again once it opens.
+    let mut tx = HopSender::new(flow(), &cfg, t0);
+    for i in 0..4u8 {
+        tx.push(Bytes::from(vec![i]));
+    }
+    let sent: Vec<u16> = std::iter::from_fn(|| tx.poll_transmit(t0))
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(sent, vec![0, 1, 2, 3]);
+    tx.on_feedback(t0, 1, 2, &[]);
+    assert_eq!(tx.poll_transmit(t0), None);
+    tx.on_feedback(t0, 2, 6, &[]);
+    let sent: Vec<u16> = std::iter::from_fn(|| tx.poll_transmit(t0))
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(sent, vec![2, 3]);
+    assert!(now >= t0 + ms(1) + cfg.dead_after);
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    relays: usize,
+    loss: f64,
+    dup: f64,
+    delay_ms: u64,
+    jitter_ms: u64,
+    capacity: u32,
+    release_every: u32,
+    accumulate: bool,
+    a_len: usize,
+    b_len: usize,
+    write: usize,
+    slow_reader: bool,
+    seed: u64,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        (0usize..5, 0.0f64..0.10, 0.0f64..0.05, 1u64..20, 0u64..15),
+        (
+            2u32..64,
+            1u32..32,
+            any::<bool>(),
+            0usize..80_000,
+            0usize..20_000,
+        ),
+        (1usize..5_000, any::<bool>(), any::<u64>()),
+    )
+        .prop_map(
+            |(
+                (relays, loss, dup, delay_ms, jitter_ms),
+                (capacity, release_every, accumulate, a_len, b_len),
+                (write, slow_reader, seed),
+            )| Case {
+                relays,
+                loss,
+                dup,
+                delay_ms,
+                jitter_ms,
+                capacity,
+                release_every,
+                accumulate,
+                a_len,
+                b_len,
+                write,
+                slow_reader,
+                seed,
+            },
+        )
+}
+
+proptest! {
+    // PROPTEST_CASES=N runs more (a longer search than the test suite's).
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
+        ..ProptestConfig::default()
+    })]
+
+    /// Any line, any loss up to 10 % per link, duplication, reordering, any
+    /// window: every byte once and in order both ways, FIN both ways, every
+    /// flow closed normally, no engine ever holding more than its capacity.
+    #[test]
+    fn exactly_once_in_order_with_bounded_buffers(c in case()) {
+        let mut cfg = small(c.capacity);
+        cfg.hop.release_every = c.release_every;
+        cfg.accumulate = c.accumulate;
+        let link = Link {
+            loss: c.loss,
+            dup: c.dup,
+            delay: ms(c.delay_ms),
+            jitter: ms(c.jitter_ms),
+        };
+        let mut sim = Sim::new(c.relays, link, cfg, c.seed);
+        sim.a_data = pattern(c.a_len, c.seed ^ 1);
+        sim.b_data = pattern(c.b_len, c.seed ^ 2);
+        sim.a_write = c.write;
+        if c.slow_reader {
+            sim.reader = Reader { chunk: Some(3_000), interval: ms(7) };
+        }
+        sim.connect();
+        sim.run(Duration::from_secs(3_600));
+        assert_clean_finish(&sim);
+        for i in 1..=c.relays {
+            prop_assert!(sim.relay(i).stats().max_held <= c.capacity as usize);
+        }
+        prop_assert!(sim.max_edge_held <= c.capacity as usize);
+    }
+}
+
+#[test]
+fn many_concurrent_connections_share_the_engines() {
+    // 100 connections at once, of different sizes, through 3 engines with
+    // loss and duplication: each its own flows, each exactly once and in order.
+    let link = Link {
+        loss: 0.02,
+        dup: 0.01,
+        delay: ms(5),
+        jitter: Duration::ZERO,
+    };
+    let mut sim = Sim::new(3, link, small(64), 81);
+    for i in 0..100u16 {
+        let len = 1 + usize::from(i) * 997;
+        sim.connect_pair(40_000 + i, 49_300 + i, pattern(len, u64::from(i)));
+    }
+    sim.run(Duration::from_secs(600));
+    for p in &sim.pairs {
+        assert!(
+            p.at_b == p.data,
+            "connection {}: {} of {} bytes",
+            p.client_port,
+            p.at_b.len(),
+            p.data.len()
+        );
+        for events in [&p.a_events, &p.b_events] {
+            assert!(events.contains(&ConnEvent::ShutdownHost), "{events:?}");
+            assert!(events.contains(&ConnEvent::Closed), "{events:?}");
+        }
+    }
+    for i in 1..4 {
+        let s = sim.relay(i).stats();
+        assert_eq!((s.flows_done, s.flows_failed), (200, 0), "relay {i}: {s:?}");
+        assert!(s.retransmitted > 0 && s.max_held <= 64, "relay {i}: {s:?}");
+    }
+}
+
+#[test]
+fn fail_messages_name_the_reason() {
+    // A flow failing at a relay tells both directions (the codec is tested in
+    // msg.rs); here: an engine refusing a flow beyond max_flows says NoRoom.
+    let cfg = Config {
+        max_flows: 0,
+        ..Config::default()
+    };
+    let mut e = crate::Engine::new(cfg);
+    let t0 = Instant::now();
+    e.handle_data(t0, flow(), 0, Bytes::from_static(&[1]));
+    match e.poll_output() {
+        Some(crate::engine::Output::Control(Control::Fail { reason, .. })) => {
+            assert_eq!(reason, FailReason::NoRoom)
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(e.stats().flows_refused, 1);
+}

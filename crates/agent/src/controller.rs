@@ -62,7 +62,7 @@ impl ControllerAgent {
     pub async fn start(config: ControllerConfig) -> Result<ControllerAgent, AgentError> {
         config.validate()?;
         let creds = Credentials::load(&config.common.tls)?;
-        crate::warn_if_expiring(&creds);
+        creds.warn_if_expiring();
         let services = Arc::new(ServiceTable::new(&config.common, Opener::Controller));
         let sessions = Arc::new(match &config.session_store {
             Some(path) => SessionStore::open(path, resumption::DEFAULT_CAPACITY).map_err(|e| {

@@ -21,9 +21,7 @@ pub use config::{AgentTransport, CommonConfig, ControllerConfig, ServiceConfig, 
 pub use controller::ControllerAgent;
 pub use switch::SwitchAgent;
 
-use quicsdn_transport::tls::{Credentials, TlsError};
-use tokio::sync::watch;
-use tracing::warn;
+use quicsdn_transport::tls::TlsError;
 
 /// Why an agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -44,32 +42,4 @@ pub enum AgentError {
     Io(#[from] std::io::Error),
 }
 
-/// A one-shot, cloneable stop signal.
-#[derive(Clone)]
-pub(crate) struct Shutdown(watch::Sender<bool>);
-
-impl Shutdown {
-    pub(crate) fn new() -> Shutdown {
-        Shutdown(watch::channel(false).0)
-    }
-
-    pub(crate) fn trigger(&self) {
-        self.0.send_replace(true);
-    }
-
-    pub(crate) async fn wait(&self) {
-        let mut rx = self.0.subscribe();
-        let _ = rx.wait_for(|stop| *stop).await;
-    }
-}
-
-/// Warns at start-up when the agent's own certificate has expired or soon will:
-/// peers would reject it, and the log should say so before they do.
-pub(crate) fn warn_if_expiring(creds: &Credentials) {
-    let left = creds.not_after - time::OffsetDateTime::now_utc();
-    if left.is_negative() {
-        warn!(identity = %creds.identity, "this agent's certificate expired at {}; peers will reject it", creds.not_after);
-    } else if left < time::Duration::days(14) {
-        warn!(identity = %creds.identity, "this agent's certificate expires at {}", creds.not_after);
-    }
-}
+pub(crate) use quicsdn_transport::shutdown::Shutdown;

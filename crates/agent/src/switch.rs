@@ -72,7 +72,7 @@ impl SwitchAgent {
     pub async fn start(config: SwitchConfig) -> Result<SwitchAgent, AgentError> {
         config.validate()?;
         let creds = Credentials::load(&config.common.tls)?;
-        crate::warn_if_expiring(&creds);
+        creds.warn_if_expiring();
         let identity: Arc<str> = creds.identity.clone().into();
         let services = Arc::new(ServiceTable::new(&config.common, Opener::Switch));
         let mut bound = Vec::new();

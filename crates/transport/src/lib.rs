@@ -7,7 +7,8 @@
 //!   naming peers by certificate, issuing certificates.
 //! * [`quic`] — quinn endpoints with quicsdn's transport settings;
 //!   [`resumption`] — the server's TLS session store behind 0-RTT.
-//! * [`backoff`] — OVS-like reconnect backoff with jitter (pure).
+//! * [`backoff`] — OVS-like reconnect backoff with jitter (pure);
+//!   [`shutdown`] — the stop signal of a process's tasks.
 
 pub mod backoff;
 pub mod identity;
@@ -15,6 +16,7 @@ pub mod local;
 pub mod pki;
 pub mod quic;
 pub mod resumption;
+pub mod shutdown;
 pub mod target;
 pub mod tls;
 

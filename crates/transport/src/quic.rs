@@ -2,7 +2,7 @@
 //! relies on.
 
 use crate::resumption::SessionStore;
-use crate::tls::{Credentials, TlsError};
+use crate::tls::{Application, Credentials, TlsError};
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Endpoint, EndpointConfig, IdleTimeout, TransportConfig, VarInt};
 use quinn_proto::HashedConnectionIdGenerator;
@@ -56,6 +56,8 @@ pub struct QuicOptions {
     /// told apart from it; in the storm test 40 of 50 switch agents then
     /// needed a second connection (docs/benchmarks.md).
     pub zero_length_cid: bool,
+    /// What the connection carries (its ALPN name, and what logs call each end).
+    pub application: Application,
 }
 
 /// The congestion controller (quinn's implementations).
@@ -131,6 +133,7 @@ impl Default for QuicOptions {
             ack_frequency: Some(DEFAULT_ACK_FREQUENCY),
             // Off: see the field's documentation.
             zero_length_cid: false,
+            application: crate::tls::AGENTS,
         }
     }
 }
@@ -207,7 +210,7 @@ pub fn server_endpoint(
     opts: &QuicOptions,
     sessions: Arc<SessionStore>,
 ) -> Result<Endpoint, EndpointError> {
-    let mut tls = creds.server_config()?;
+    let mut tls = creds.server_config_for(opts.application)?;
     tls.session_storage = sessions;
     tls.send_tls13_tickets = TICKETS_PER_CONNECTION;
     if opts.zero_rtt {
@@ -299,7 +302,7 @@ pub fn client_config(
     creds: &Credentials,
     opts: &QuicOptions,
 ) -> Result<quinn::ClientConfig, TlsError> {
-    let mut tls = creds.client_config()?;
+    let mut tls = creds.client_config_for(opts.application)?;
     // Tickets are kept by rustls' default in-memory cache (8 per server name).
     tls.enable_early_data = opts.zero_rtt;
     let crypto = QuicClientConfig::try_from(tls).map_err(|e| TlsError::Config(e.to_string()))?;

@@ -32,6 +32,26 @@ pub struct TlsFiles {
     pub key: PathBuf,
 }
 
+/// The application a QUIC connection carries: the protocol name both ends
+/// must agree on in the handshake (ALPN, RFC 7301; RFC 9001 §8.1 requires it
+/// for QUIC), and what to call each end in logs. The agents and the TCP proxy
+/// use different names, so neither can connect to the other by mistake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Application {
+    pub alpn: &'static [u8],
+    /// The end that connects, as logs name it.
+    pub client: &'static str,
+    /// The end that listens, as logs name it.
+    pub server: &'static str,
+}
+
+/// The switch and controller agents.
+pub const AGENTS: Application = Application {
+    alpn: ALPN,
+    client: "switch agent",
+    server: "controller agent",
+};
+
 /// What went wrong loading or using certificates, naming the file involved.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -147,14 +167,30 @@ impl Credentials {
         &self.files
     }
 
-    /// rustls configuration for the controller agent (QUIC server): present our
-    /// certificate, require one from every client.
     /// This agent's private key (DER), for keys derived from it.
     pub(crate) fn private_key_der(&self) -> &[u8] {
         self.key.secret_der()
     }
 
+    /// Warns when this certificate has expired or soon will: peers would
+    /// reject it, and the log should say so before they do.
+    pub fn warn_if_expiring(&self) {
+        let left = self.not_after - OffsetDateTime::now_utc();
+        if left.is_negative() {
+            warn!(identity = %self.identity, "this certificate ({}) expired at {}; peers will reject it", self.files.cert.display(), self.not_after);
+        } else if left < time::Duration::days(14) {
+            warn!(identity = %self.identity, "this certificate ({}) expires at {}", self.files.cert.display(), self.not_after);
+        }
+    }
+
+    /// rustls configuration for the controller agent (QUIC server): present our
+    /// certificate, require one from every client.
     pub fn server_config(&self) -> Result<rustls::ServerConfig, TlsError> {
+        self.server_config_for(AGENTS)
+    }
+
+    /// [`Self::server_config`] for another application.
+    pub fn server_config_for(&self, app: Application) -> Result<rustls::ServerConfig, TlsError> {
         let provider = provider();
         let verifier =
             WebPkiClientVerifier::builder_with_provider(self.roots.clone(), provider.clone())
@@ -163,16 +199,24 @@ impl Credentials {
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| TlsError::Config(e.to_string()))?
-            .with_client_cert_verifier(Arc::new(LoggingClientVerifier { inner: verifier }))
+            .with_client_cert_verifier(Arc::new(LoggingClientVerifier {
+                inner: verifier,
+                role: app.client,
+            }))
             .with_single_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|e| TlsError::Config(e.to_string()))?;
-        cfg.alpn_protocols = vec![ALPN.to_vec()];
+        cfg.alpn_protocols = vec![app.alpn.to_vec()];
         Ok(cfg)
     }
 
     /// rustls configuration for the switch agent (QUIC client): verify the server
     /// against our CA and present our certificate.
     pub fn client_config(&self) -> Result<rustls::ClientConfig, TlsError> {
+        self.client_config_for(AGENTS)
+    }
+
+    /// [`Self::client_config`] for another application.
+    pub fn client_config_for(&self, app: Application) -> Result<rustls::ClientConfig, TlsError> {
         let provider = provider();
         let inner =
             WebPkiServerVerifier::builder_with_provider(self.roots.clone(), provider.clone())
@@ -182,10 +226,13 @@ impl Credentials {
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| TlsError::Config(e.to_string()))?
             .dangerous() // Only to wrap the standard verifier in one that logs; it still decides.
-            .with_custom_certificate_verifier(Arc::new(LoggingServerVerifier { inner }))
+            .with_custom_certificate_verifier(Arc::new(LoggingServerVerifier {
+                inner,
+                role: app.server,
+            }))
             .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|e| TlsError::Config(e.to_string()))?;
-        cfg.alpn_protocols = vec![ALPN.to_vec()];
+        cfg.alpn_protocols = vec![app.alpn.to_vec()];
         Ok(cfg)
     }
 }
@@ -197,10 +244,11 @@ fn claimed_identity(cert: &CertificateDer<'_>) -> String {
         .unwrap_or_else(|e| format!("<unreadable certificate: {e}>"))
 }
 
-/// The standard client verifier, logging the identity a rejected switch claimed.
+/// The standard client verifier, logging the identity a rejected client claimed.
 #[derive(Debug)]
 struct LoggingClientVerifier {
     inner: Arc<dyn ClientCertVerifier>,
+    role: &'static str,
 }
 
 impl ClientCertVerifier for LoggingClientVerifier {
@@ -225,7 +273,7 @@ impl ClientCertVerifier for LoggingClientVerifier {
         self.inner
             .verify_client_cert(end_entity, intermediates, now)
             .inspect_err(|e| {
-                warn!(peer = %claimed_identity(end_entity), "rejected the switch agent's certificate: {e}");
+                warn!(peer = %claimed_identity(end_entity), "rejected the {}'s certificate: {e}", self.role);
             })
     }
 
@@ -252,10 +300,11 @@ impl ClientCertVerifier for LoggingClientVerifier {
     }
 }
 
-/// The standard server verifier, logging the identity a rejected controller claimed.
+/// The standard server verifier, logging the identity a rejected server claimed.
 #[derive(Debug)]
 struct LoggingServerVerifier {
     inner: Arc<WebPkiServerVerifier>,
+    role: &'static str,
 }
 
 impl ServerCertVerifier for LoggingServerVerifier {
@@ -273,7 +322,8 @@ impl ServerCertVerifier for LoggingServerVerifier {
                 warn!(
                     peer = %claimed_identity(end_entity),
                     expected = %server_name.to_str(),
-                    "rejected the controller agent's certificate: {e}"
+                    "rejected the {}'s certificate: {e}",
+                    self.role
                 );
             })
     }

@@ -63,6 +63,10 @@ pub enum Command {
     Controller(ControllerArgs),
     /// Talk to a running agent's control socket (its --control path).
     Control(ControlArgs),
+    /// The TCP↔QUIC proxy pair: unmodified TCP applications over one
+    /// mutually-authenticated QUIC connection.
+    #[command(subcommand)]
+    Proxy(crate::proxy_args::ProxyCommand),
 }
 
 #[derive(Args, Debug)]
@@ -117,21 +121,108 @@ pub enum PkiCommand {
     },
 }
 
-/// Settings both agents take.
+/// Settings of the QUIC connection, taken by every command that makes one
+/// (the agents and the proxy).
 #[derive(Args, Debug, Default)]
-pub struct CommonArgs {
+pub struct QuicArgs {
     /// TOML file with any of these settings, under the same names.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// CA certificate (PEM) that the peer agent's certificate must chain to.
+    /// CA certificate (PEM) that the peer's certificate must chain to.
     #[arg(long, value_name = "FILE")]
     pub ca: Option<PathBuf>,
-    /// This agent's certificate (PEM).
+    /// This side's certificate (PEM).
     #[arg(long, value_name = "FILE")]
     pub cert: Option<PathBuf>,
-    /// This agent's private key (PEM).
+    /// This side's private key (PEM).
     #[arg(long, value_name = "FILE")]
     pub key: Option<PathBuf>,
+    /// Send a QUIC PING after hearing nothing from the other side for this long,
+    /// so an idle connection stays up and a NAT keeps its mapping. Dead-peer
+    /// detection is --grace's, not this. [default: half of --grace, 3s]
+    #[arg(long, value_name = "DURATION")]
+    pub keepalive: Option<String>,
+    /// The grace period: how long the connection survives while the other
+    /// side is silent (an outage, a migration) before it is declared dead and
+    /// the local connections it carried are closed. Agents: keep it below OVS's
+    /// fail-mode timeout (3 × inactivity_probe, 15 s by default). [default: 6s]
+    #[arg(long = "grace", alias = "idle-timeout", value_name = "DURATION")]
+    pub idle_timeout: Option<String>,
+    /// Flow-control window of each stream we receive, e.g. 256k. Smaller bounds how
+    /// much the peer queues on one stream (latency behind bulk data), larger
+    /// allows more throughput per stream on long paths. [default: 1250000]
+    #[arg(long, value_name = "BYTES")]
+    pub stream_window: Option<String>,
+    /// Congestion controller: bbr, cubic or newreno. [default: bbr]
+    #[arg(long, value_name = "NAME")]
+    pub congestion: Option<String>,
+}
+
+/// The [`QuicArgs`] settings as read from a configuration file.
+#[derive(Debug, Default)]
+pub struct QuicFile {
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub keepalive: Option<String>,
+    pub grace: Option<String>,
+    pub stream_window: Option<String>,
+    pub congestion: Option<String>,
+}
+
+impl QuicArgs {
+    /// The transport settings: flags over the file over `defaults`.
+    pub fn quic_options(
+        &mut self,
+        file: &mut QuicFile,
+        defaults: QuicOptions,
+    ) -> Result<QuicOptions> {
+        let idle_timeout = duration(
+            self.idle_timeout.take(),
+            file.grace.take(),
+            "grace",
+            defaults.idle_timeout,
+        )?;
+        Ok(QuicOptions {
+            keepalive: duration(
+                self.keepalive.take(),
+                file.keepalive.take(),
+                "keepalive",
+                quicsdn_transport::quic::keepalive_for(idle_timeout),
+            )?,
+            idle_timeout,
+            stream_window: match self.stream_window.take().or(file.stream_window.take()) {
+                Some(s) => {
+                    u32::try_from(parse_size(&s).map_err(|e| anyhow!("--stream-window: {e}"))?)
+                        .map_err(|_| anyhow!("--stream-window: at most 4G"))?
+                }
+                None => defaults.stream_window,
+            },
+            congestion: match self.congestion.take().or(file.congestion.take()) {
+                Some(s) => s
+                    .parse()
+                    .map_err(|e: String| anyhow!("--congestion: {e}"))?,
+                None => defaults.congestion,
+            },
+            ..defaults
+        })
+    }
+
+    /// The three PEM files, each required.
+    pub fn tls_files(&mut self, file: &mut QuicFile) -> Result<TlsFiles> {
+        Ok(TlsFiles {
+            ca: required(self.ca.take(), file.ca.take(), "ca")?,
+            cert: required(self.cert.take(), file.cert.take(), "cert")?,
+            key: required(self.key.take(), file.key.take(), "key")?,
+        })
+    }
+}
+
+/// Settings both agents take.
+#[derive(Args, Debug, Default)]
+pub struct CommonArgs {
+    #[command(flatten)]
+    pub quic: QuicArgs,
     /// How the agents talk: `quic` (mutually-authenticated QUIC, the default) or
     /// `udp` (plain UDP with an application-level reliability layer; NOT
     /// authenticated or encrypted, needs --allow-unauthenticated). [default: quic]
@@ -161,25 +252,6 @@ pub struct CommonArgs {
     /// only). [default: safe]
     #[arg(long, value_name = "MODE")]
     pub streams: Option<String>,
-    /// Send a QUIC PING after hearing nothing from the other agent for this long,
-    /// so an idle connection stays up and a NAT keeps its mapping. Dead-peer
-    /// detection is --grace's, not this. [default: half of --grace, 3s]
-    #[arg(long, value_name = "DURATION")]
-    pub keepalive: Option<String>,
-    /// The grace period: how long sessions survive while the other agent is
-    /// silent (an outage, a migration) before the QUIC connection is declared
-    /// dead and OVS's connections are closed. Keep it below OVS's fail-mode
-    /// timeout (3 × inactivity_probe, 15 s by default). [default: 6s]
-    #[arg(long = "grace", alias = "idle-timeout", value_name = "DURATION")]
-    pub idle_timeout: Option<String>,
-    /// Flow-control window of each stream we receive, e.g. 256k. Smaller bounds how
-    /// much the peer queues on one stream (latency behind bulk data), larger
-    /// allows more throughput per stream on long paths. [default: 1250000]
-    #[arg(long, value_name = "BYTES")]
-    pub stream_window: Option<String>,
-    /// Congestion controller: bbr, cubic or newreno. [default: bbr]
-    #[arg(long, value_name = "NAME")]
-    pub congestion: Option<String>,
     /// Largest message accepted from a local peer, e.g. 16M; larger ones close that
     /// connection. OpenFlow is capped at 65535 by its format. [default: 64M for
     /// JSON-RPC]
@@ -326,21 +398,28 @@ pub struct FileConfig {
 
 impl FileConfig {
     pub fn load(path: Option<&Path>) -> Result<FileConfig> {
-        let Some(path) = path else {
-            return Ok(FileConfig::default());
-        };
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        toml::from_str(&text).map_err(|e| anyhow!("{}: {e}", path.display()))
+        load_toml(path)
     }
 }
 
-fn required<T>(cli: Option<T>, file: Option<T>, flag: &str) -> Result<T> {
+/// Reads a TOML configuration file (none: every setting unset).
+pub(crate) fn load_toml<T: serde::de::DeserializeOwned + Default>(
+    path: Option<&Path>,
+) -> Result<T> {
+    let Some(path) = path else {
+        return Ok(T::default());
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    toml::from_str(&text).map_err(|e| anyhow!("{}: {e}", path.display()))
+}
+
+pub(crate) fn required<T>(cli: Option<T>, file: Option<T>, flag: &str) -> Result<T> {
     cli.or(file)
         .ok_or_else(|| anyhow!("--{flag} is required (or `{flag}` in the --config file)"))
 }
 
-fn duration(
+pub(crate) fn duration(
     cli: Option<String>,
     file: Option<String>,
     flag: &str,
@@ -366,32 +445,18 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
         Some(s) => s.parse()?,
         None => StreamMode::default(),
     };
-    let defaults = QuicOptions::default();
-    let idle_timeout = duration(
-        args.idle_timeout,
-        file.grace.take().or(file.idle_timeout.take()),
-        "grace",
-        defaults.idle_timeout,
-    )?;
+    let mut quic_file = QuicFile {
+        ca: file.ca.take(),
+        cert: file.cert.take(),
+        key: file.key.take(),
+        keepalive: file.keepalive.take(),
+        grace: file.grace.take().or(file.idle_timeout.take()),
+        stream_window: file.stream_window.take(),
+        congestion: file.congestion.take(),
+    };
+    let mut quic_args = args.quic;
+    let defaults = quic_args.quic_options(&mut quic_file, QuicOptions::default())?;
     let quic = QuicOptions {
-        keepalive: duration(
-            args.keepalive,
-            file.keepalive.take(),
-            "keepalive",
-            quicsdn_transport::quic::keepalive_for(idle_timeout),
-        )?,
-        idle_timeout,
-        stream_window: match args.stream_window.or(file.stream_window.take()) {
-            Some(s) => u32::try_from(parse_size(&s).map_err(|e| anyhow!("--stream-window: {e}"))?)
-                .map_err(|_| anyhow!("--stream-window: at most 4G"))?,
-            None => defaults.stream_window,
-        },
-        congestion: match args.congestion.or(file.congestion.take()) {
-            Some(s) => s
-                .parse()
-                .map_err(|e: String| anyhow!("--congestion: {e}"))?,
-            None => defaults.congestion,
-        },
         zero_rtt: !args.no_zero_rtt && file.zero_rtt.take().unwrap_or(defaults.zero_rtt),
         ack_frequency: match args
             .ack_threshold
@@ -451,17 +516,13 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
         None => None,
     };
     let tls = if transport == AgentTransport::Quic {
-        TlsFiles {
-            ca: required(args.ca, file.ca.take(), "ca")?,
-            cert: required(args.cert, file.cert.take(), "cert")?,
-            key: required(args.key, file.key.take(), "key")?,
-        }
+        quic_args.tls_files(&mut quic_file)?
     } else {
         // Over UDP certificates only name the switch, if given.
         TlsFiles {
-            ca: args.ca.or(file.ca.take()).unwrap_or_default(),
-            cert: args.cert.or(file.cert.take()).unwrap_or_default(),
-            key: args.key.or(file.key.take()).unwrap_or_default(),
+            ca: quic_args.ca.or(quic_file.ca).unwrap_or_default(),
+            cert: quic_args.cert.or(quic_file.cert).unwrap_or_default(),
+            key: quic_args.key.or(quic_file.key).unwrap_or_default(),
         }
     };
     Ok(CommonConfig {
@@ -484,7 +545,7 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
 }
 
 /// The host part of `HOST:PORT` / `[V6]:PORT`.
-fn host_of(addr: &str) -> &str {
+pub(crate) fn host_of(addr: &str) -> &str {
     if let Some(rest) = addr.strip_prefix('[') {
         return rest.split(']').next().unwrap_or(rest);
     }

@@ -1,6 +1,7 @@
 //! `quicsdn`: the command-line front of the agents.
 
 mod args;
+mod proxy_args;
 mod units;
 
 use anyhow::Result;
@@ -47,7 +48,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Pki(cmd) => pki_command(cmd),
         Command::Control(args) => control_command(args),
         Command::Switch(args) => {
-            let file = FileConfig::load(args.common.config.as_deref())?;
+            let file = FileConfig::load(args.common.quic.config.as_deref())?;
             log_level(&file)?;
             let config = args.resolve(file)?;
             if let AgentTransport::Udp(profile) = config.common.transport {
@@ -67,8 +68,11 @@ fn run(cli: Cli) -> Result<()> {
                 Ok(())
             })
         }
+        Command::Proxy(cmd) => {
+            proxy_command(cmd, cli.threads, cli.log_level.clone(), cli.log_format)
+        }
         Command::Controller(args) => {
-            let file = FileConfig::load(args.common.config.as_deref())?;
+            let file = FileConfig::load(args.common.quic.config.as_deref())?;
             log_level(&file)?;
             let config = args.resolve(file)?;
             if let AgentTransport::Udp(profile) = config.common.transport {
@@ -85,6 +89,45 @@ fn run(cli: Cli) -> Result<()> {
                 wait_for_signal().await?;
                 info!("shutting down");
                 agent.shutdown().await;
+                Ok(())
+            })
+        }
+    }
+}
+
+/// `quicsdn proxy server|client`: runs until SIGINT or SIGTERM.
+fn proxy_command(
+    cmd: proxy_args::ProxyCommand,
+    threads: Option<usize>,
+    log_level: Option<String>,
+    log_format: LogFormat,
+) -> Result<()> {
+    use proxy_args::{ProxyCommand, ProxyFile};
+    let config_path = match &cmd {
+        ProxyCommand::Server(a) => a.quic.config.clone(),
+        ProxyCommand::Client(a) => a.quic.config.clone(),
+    };
+    let file = ProxyFile::load(config_path.as_deref())?;
+    let level = log_level.as_deref().or(file.log_level.as_deref());
+    init_logging(level.unwrap_or("info"), log_format)?;
+    match cmd {
+        ProxyCommand::Server(args) => {
+            let config = args.resolve(file)?;
+            runtime(threads)?.block_on(async {
+                let proxy = quicsdn_proxy::ProxyServer::start(config).await?;
+                wait_for_signal().await?;
+                info!("shutting down");
+                proxy.shutdown().await;
+                Ok(())
+            })
+        }
+        ProxyCommand::Client(args) => {
+            let config = args.resolve(file)?;
+            runtime(threads)?.block_on(async {
+                let proxy = quicsdn_proxy::ProxyClient::start(config).await?;
+                wait_for_signal().await?;
+                info!("shutting down");
+                proxy.shutdown().await;
                 Ok(())
             })
         }

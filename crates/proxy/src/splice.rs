@@ -17,9 +17,8 @@ use crate::code;
 use quinn::{Connection, ConnectionError, ReadError, RecvStream, SendStream, VarInt, WriteError};
 use std::io;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::Interest;
 use tokio::net::TcpStream;
-use tokio::net::tcp::{ReadHalf, WriteHalf};
 
 /// Bytes read from TCP at a time.
 const CHUNK: usize = 64 * 1024;
@@ -85,14 +84,40 @@ impl From<ReadError> for Ending {
     }
 }
 
+// The copies use `&TcpStream` (readiness plus `try_read`/`try_write`) rather
+// than split halves, so that a third future can watch the same socket for a
+// reset while the other two run.
+
+async fn tcp_read(tcp: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        tcp.readable().await?;
+        match tcp.try_read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            r => return r,
+        }
+    }
+}
+
+async fn tcp_write_all(tcp: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        tcp.writable().await?;
+        match tcp.try_write(data) {
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 async fn tcp_to_quic(
-    tcp: &mut ReadHalf<'_>,
+    tcp: &TcpStream,
     quic: &mut SendStream,
     moved: &mut u64,
 ) -> Result<(), Ending> {
     let mut buf = vec![0u8; CHUNK];
     loop {
-        let n = tcp.read(&mut buf).await.map_err(Ending::LocalReset)?;
+        let n = tcp_read(tcp, &mut buf).await.map_err(Ending::LocalReset)?;
         if n == 0 {
             // RFC 9000 §3.1: "the final size ... is sent": the peer sees a
             // clean end of this direction, and may go on sending.
@@ -106,17 +131,31 @@ async fn tcp_to_quic(
 
 async fn quic_to_tcp(
     quic: &mut RecvStream,
-    tcp: &mut WriteHalf<'_>,
+    tcp: &TcpStream,
     moved: &mut u64,
 ) -> Result<(), Ending> {
     while let Some(chunk) = quic.read_chunk(CHUNK, true).await? {
-        tcp.write_all(&chunk.bytes)
+        tcp_write_all(tcp, &chunk.bytes)
             .await
             .map_err(Ending::LocalReset)?;
         *moved += chunk.bytes.len() as u64;
     }
     // The other side's FIN: half-close ours, keep reading ours.
-    tcp.shutdown().await.map_err(Ending::LocalReset)
+    socket2::SockRef::from(tcp)
+        .shutdown(std::net::Shutdown::Write)
+        .map_err(Ending::LocalReset)
+}
+
+/// After the local peer's FIN the socket has nothing more to read, but the
+/// peer may still reset it, and nothing else would notice while the other
+/// direction waits for data: wait for the socket's error event (EPOLLERR,
+/// which a received RST raises). Never returns otherwise.
+async fn watch_for_reset(tcp: &TcpStream) -> Ending {
+    let _ = tcp.ready(Interest::ERROR).await;
+    match tcp.take_error() {
+        Ok(Some(e)) | Err(e) => Ending::LocalReset(e),
+        Ok(None) => std::future::pending().await,
+    }
 }
 
 /// Makes closing `tcp` send RST instead of FIN (SO_LINGER 0; whatever is
@@ -140,19 +179,21 @@ pub fn reset_tcp(tcp: TcpStream) {
 /// connection is closed (with FIN after a clean end, with RST otherwise) and
 /// the stream is finished or reset.
 pub async fn splice(
-    mut tcp: TcpStream,
+    tcp: TcpStream,
     mut send: SendStream,
     mut recv: RecvStream,
     conn: &Connection,
 ) -> Report {
     arm_reset(&tcp);
     let (mut sent, mut received) = (0, 0);
+    // STOP_SENDING from the other proxy (its TCP peer reset): noticed at once,
+    // not only at our next write, which may never come.
+    let stopped = send.stopped();
     let ending = {
-        let (mut r, mut w) = tcp.split();
-        let up = tcp_to_quic(&mut r, &mut send, &mut sent);
-        let down = quic_to_tcp(&mut recv, &mut w, &mut received);
-        tokio::pin!(up, down);
-        let (mut up_done, mut down_done) = (false, false);
+        let up = tcp_to_quic(&tcp, &mut send, &mut sent);
+        let down = quic_to_tcp(&mut recv, &tcp, &mut received);
+        tokio::pin!(up, down, stopped);
+        let (mut up_done, mut down_done, mut acked) = (false, false, false);
         loop {
             tokio::select! {
                 r = &mut up, if !up_done => match r {
@@ -162,6 +203,13 @@ pub async fn splice(
                 r = &mut down, if !down_done => match r {
                     Ok(()) => down_done = true,
                     Err(e) => break e,
+                },
+                e = watch_for_reset(&tcp), if up_done && !down_done => break e,
+                r = &mut stopped, if !acked => match r {
+                    Ok(Some(c)) => break Ending::PeerReset(c),
+                    // Finished and all acknowledged: nothing left to stop.
+                    Ok(None) => acked = true,
+                    Err(e) => break Ending::Protocol(e.to_string()),
                 },
                 // A direction waiting on TCP alone (an idle application, or one
                 // that stopped reading) must still learn that the connection

@@ -157,6 +157,32 @@ async fn reset_passes_as_reset_both_ways() {
     let e = read_some(&mut app).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}");
 
+    // A reset after a half-close: the application sent its FIN, the target
+    // has not answered yet, then the application resets.
+    let mut app = connect(&client, "web").await;
+    let mut far = accept(&l).await;
+    app.write_all(b"request").await.unwrap();
+    app.shutdown().await.unwrap();
+    assert_eq!(read_to_end(&mut far).await.unwrap(), b"request");
+    reset(app);
+    // Only a reset raises an error on a socket whose FIN was already read.
+    tokio::time::timeout(PATIENCE, far.ready(tokio::io::Interest::ERROR))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the target's connection was never reset; log:\n{}",
+                logs.text()
+            )
+        })
+        .unwrap();
+    let e = far
+        .take_error()
+        .unwrap()
+        .expect("an error event without an error");
+    // Linux reports a reset of a connection whose FIN it had received
+    // (CLOSE_WAIT) as EPIPE, as it would without the proxies.
+    assert_eq!(e.kind(), ErrorKind::BrokenPipe, "{e}");
+
     // A reset while data is in flight towards the resetting side.
     let mut app = connect(&client, "web").await;
     let far = accept(&l).await;

@@ -63,6 +63,9 @@ enum Command {
 enum Bench {
     /// Agents against direct TCP on loopback: messages/s and latency.
     Relay(quicsdn_lab::bench::relay::RelayArgs),
+    /// Bulk throughput through the TCP↔QUIC proxy pair (`quicsdn proxy`) on
+    /// loopback against direct TCP, with CPU per GB.
+    Proxy(quicsdn_lab::bench::proxy::ProxyArgs),
     /// Head-of-line blocking with real OVS: echo RTT during a stats storm, and
     /// PACKET_IN delay, over tcp, quic ordered and quic safe.
     Hol(quicsdn_lab::bench::hol::HolArgs),
@@ -179,6 +182,7 @@ fn run(cli: Cli) -> Result<()> {
             DownOutcome::NothingToDo => println!("no lab {} recorded; nothing to do", cli.prefix),
         },
         Command::Bench(Bench::Relay(a)) => quicsdn_lab::bench::relay::run(a)?,
+        Command::Bench(Bench::Proxy(a)) => quicsdn_lab::bench::proxy::run(a)?,
         Command::Bench(Bench::Hol(a)) => quicsdn_lab::bench::hol::run(a)?,
         Command::Bench(Bench::Storm(a)) => quicsdn_lab::bench::storm::run(a)?,
         Command::Bench(Bench::Emulator(o)) => emulator::bench::run(o)?,

@@ -1,7 +1,8 @@
 //! Benchmark commands: `quicsdn-lab bench NAME`. They print numbers and write
 //! results; tests check delivery and schemas, never speed.
 //!
-//! * [`relay`]: the agents against direct TCP on loopback.
+//! * [`relay`]: the agents against direct TCP on loopback; [`proxy`]: bulk
+//!   throughput through the TCP↔QUIC proxy pair against direct TCP.
 //! * [`overhead`], [`delay`], [`table1`]: the quicSDN papers' evaluation over an
 //!   emulated control link, comparing tcp, tls, quic, quic rr:16 and kcptun;
 //!   [`model`] is the papers' analytical model; [`report`] gathers results.
@@ -27,6 +28,7 @@ pub mod modelcmd;
 pub mod out;
 pub mod overhead;
 pub mod pair;
+pub mod proxy;
 pub mod reconnect;
 pub mod relay;
 pub mod report;

@@ -59,9 +59,9 @@ pub struct RelayArgs {
     pub quicsdn: Option<PathBuf>,
 }
 
-/// A `quicsdn` agent process, killed (by PID) when dropped.
-struct AgentProcess {
-    child: Child,
+/// A `quicsdn` process (agent or proxy), killed (by PID) when dropped.
+pub(crate) struct AgentProcess {
+    pub(crate) child: Child,
     name: &'static str,
 }
 
@@ -73,7 +73,7 @@ impl Drop for AgentProcess {
 }
 
 impl AgentProcess {
-    fn spawn(
+    pub(crate) fn spawn(
         binary: &Path,
         name: &'static str,
         args: &[String],
@@ -89,25 +89,25 @@ impl AgentProcess {
         Ok(AgentProcess { child, name })
     }
 
-    fn check_alive(&mut self) -> Result<()> {
+    pub(crate) fn check_alive(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait()? {
-            bail!("the {} agent exited early: {status}", self.name);
+            bail!("the {} process exited early: {status}", self.name);
         }
         Ok(())
     }
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn free_udp_port() -> Result<u16> {
+pub(crate) fn free_udp_port() -> Result<u16> {
     Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
-fn default_binary() -> Result<PathBuf> {
+pub(crate) fn default_binary() -> Result<PathBuf> {
     let me = std::env::current_exe()?;
     let candidate = me.with_file_name("quicsdn");
     if candidate.exists() {

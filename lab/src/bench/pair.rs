@@ -191,7 +191,13 @@ pub struct ChildGuard {
 }
 
 impl ChildGuard {
-    fn spawn(ns: &Netns, name: &str, program: &Path, args: &[String], log: &Path) -> Result<Self> {
+    pub(crate) fn spawn(
+        ns: &Netns,
+        name: &str,
+        program: &Path,
+        args: &[String],
+        log: &Path,
+    ) -> Result<Self> {
         let out = std::fs::File::create(log)?;
         let child = ns
             .command(program)
@@ -208,7 +214,7 @@ impl ChildGuard {
         })
     }
 
-    fn check(&mut self) -> Result<()> {
+    pub(crate) fn check(&mut self) -> Result<()> {
         if let Some(st) = self.child.try_wait()? {
             bail!(
                 "{} exited ({st}): {}",

@@ -10,6 +10,14 @@
 //! fast wrong answer fails. CPU: the two proxy processes' user + system time
 //! (`/proc/PID/stat`), and this process's (the sender and receiver).
 //!
+//! With `--rate`/`--rtt`/`--loss` the two sides are two network namespaces
+//! joined by the lab's emulated link (namespaces `q14pb-s`, `q14pb-c`,
+//! [`crate::bench::pair`]) instead of loopback: the application and the proxy
+//! client on one side, the proxy server and the target on the other; direct
+//! TCP crosses the same link with the congestion controllers of
+//! `--tcp-congestion` (set per socket: this kernel's default is BBR, the
+//! paper's TCP is CUBIC). Needs root.
+//!
 //! A benchmark: it prints numbers and ratios and asserts nothing about speed.
 
 use crate::bench::relay::{AgentProcess, default_binary, free_port, free_udp_port};
@@ -55,6 +63,74 @@ pub struct ProxyArgs {
     /// The quicsdn binary (default: next to this one).
     #[arg(long)]
     pub quicsdn: Option<PathBuf>,
+    /// Across an emulated link of this rate (e.g. 100mbit) instead of loopback.
+    #[arg(long)]
+    pub rate: Option<String>,
+    /// Round-trip time of the emulated link (half each way).
+    #[arg(long, default_value = "0ms")]
+    pub rtt: String,
+    /// Random loss rate(s) of the emulated link, both directions, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub loss: Vec<String>,
+    /// Congestion controller(s) of direct TCP over the emulated link.
+    #[arg(long, value_delimiter = ',', default_value = "cubic")]
+    pub tcp_congestion: Vec<String>,
+}
+
+/// Where the two ends of a path live.
+#[derive(Clone)]
+struct Sides {
+    /// Namespaces (application side, target side); `None`: this one.
+    app_ns: Option<String>,
+    target_ns: Option<String>,
+    /// The target side's address, as the application side reaches it.
+    target_ip: std::net::IpAddr,
+}
+
+impl Sides {
+    fn loopback() -> Sides {
+        Sides {
+            app_ns: None,
+            target_ns: None,
+            target_ip: [127, 0, 0, 1].into(),
+        }
+    }
+
+    /// Runs `f` in the application side's namespace.
+    fn at_app<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+        Ok(match &self.app_ns {
+            Some(ns) => crate::emulator::sys::in_netns(ns, f)?,
+            None => f(),
+        })
+    }
+
+    fn at_target<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+        Ok(match &self.target_ns {
+            Some(ns) => crate::emulator::sys::in_netns(ns, f)?,
+            None => f(),
+        })
+    }
+}
+
+/// Sets a socket's TCP congestion controller (TCP_CONGESTION).
+fn set_tcp_congestion(fd: std::os::fd::RawFd, name: &str) -> Result<()> {
+    // SAFETY: setsockopt with a valid fd and a buffer of the given length.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_ptr().cast(),
+            name.len() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        bail!(
+            "TCP congestion control {name:?}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
 }
 
 fn parse_bytes(s: &str) -> Result<u64> {
@@ -138,14 +214,17 @@ fn proxies_cpu(pids: &[u32]) -> f64 {
         .sum()
 }
 
-/// One run: `connections` connections from `connect_to` (the application
-/// side) to `target` (accepting there), `bytes` in all, in `direction`.
+/// One run: `connections` connections from the application side to
+/// `connect_to`, accepted at `target`, `bytes` in all, in `direction`.
+#[allow(clippy::too_many_arguments)]
 fn run_once(
+    sides: &Sides,
     target: &TcpListener,
     connect_to: SocketAddr,
     bytes: u64,
     connections: u32,
     direction: Direction,
+    tcp_congestion: Option<&str>,
     proxy_pids: &[u32],
 ) -> Result<RunResult> {
     let per = bytes / u64::from(connections);
@@ -153,9 +232,15 @@ fn run_once(
     let start = Instant::now();
     let mut threads = Vec::new();
     for _ in 0..connections {
-        let app = TcpStream::connect(connect_to)
+        let app = sides
+            .at_app(move || TcpStream::connect(connect_to))?
             .with_context(|| format!("cannot connect to {connect_to}"))?;
         let (far, _) = target.accept()?;
+        if let Some(cc) = tcp_congestion {
+            use std::os::fd::AsRawFd;
+            set_tcp_congestion(app.as_raw_fd(), cc)?;
+            set_tcp_congestion(far.as_raw_fd(), cc)?;
+        }
         let (sender, receiver) = match direction {
             Direction::Down => (far, app),
             Direction::Up => (app, far),
@@ -182,9 +267,10 @@ fn run_once(
 }
 
 /// The proxy pair, running.
-struct Pair {
+struct ProxyPair {
     server: AgentProcess,
     client: AgentProcess,
+    /// Where the application connects (in its namespace).
     listen: SocketAddr,
 }
 
@@ -192,9 +278,10 @@ fn start_pair(
     args: &ProxyArgs,
     binary: &std::path::Path,
     dir: &std::path::Path,
-    target: SocketAddr,
+    sides: &Sides,
+    target_port: u16,
     congestion: &str,
-) -> Result<Pair> {
+) -> Result<ProxyPair> {
     let p = |f: &str| dir.join(f).display().to_string();
     let udp = free_udp_port()?;
     let tcp = free_port()?;
@@ -203,31 +290,59 @@ fn start_pair(
         format!("--congestion={congestion}"),
     ];
     common.extend(args.proxy_args.iter().cloned());
+    let listen_ip = if sides.target_ns.is_some() {
+        "0.0.0.0"
+    } else {
+        "127.0.0.1"
+    };
     let mut server_args = vec![
         "proxy".to_string(),
         "server".into(),
-        format!("--listen=127.0.0.1:{udp}"),
+        format!("--listen={listen_ip}:{udp}"),
         format!("--cert={}", p("server.crt")),
         format!("--key={}", p("server.key")),
-        format!("--forward=bulk=tcp:{target}"),
+        format!("--forward=bulk=tcp:127.0.0.1:{target_port}"),
     ];
     server_args.extend(common.iter().cloned());
     let mut client_args = vec![
         "proxy".to_string(),
         "client".into(),
-        format!("--server=127.0.0.1:{udp}"),
+        format!("--server={}:{udp}", sides.target_ip),
         "--server-name=server".into(),
         format!("--cert={}", p("client.crt")),
         format!("--key={}", p("client.key")),
         format!("--forward=bulk=ptcp:{tcp}"),
     ];
     client_args.extend(common);
-    let server = AgentProcess::spawn(binary, "proxy server", &server_args, args.proxy_threads)?;
-    let client = AgentProcess::spawn(binary, "proxy client", &client_args, args.proxy_threads)?;
-    Ok(Pair {
+    let server = AgentProcess::spawn_in(
+        sides.target_ns.as_deref(),
+        binary,
+        "proxy server",
+        &server_args,
+        args.proxy_threads,
+    )?;
+    let client = AgentProcess::spawn_in(
+        sides.app_ns.as_deref(),
+        binary,
+        "proxy client",
+        &client_args,
+        args.proxy_threads,
+    )?;
+    Ok(ProxyPair {
         server,
         client,
         listen: SocketAddr::from(([127, 0, 0, 1], tcp)),
+    })
+}
+
+/// The emulated link's settings for one loss rate.
+fn link_settings(rate: &str, rtt: &str, loss: &str) -> Result<crate::emulator::DirSettings> {
+    use crate::emulator::units::{parse_duration_ns, parse_rate_bps};
+    Ok(crate::emulator::DirSettings {
+        delay_ns: parse_duration_ns(rtt).map_err(|e| anyhow!("--rtt: {e}"))? / 2,
+        rate_bps: parse_rate_bps(rate).map_err(|e| anyhow!("--rate: {e}"))?,
+        loss: crate::emulator::cli::parse_loss(loss).map_err(|e| anyhow!("--loss: {e}"))?,
+        ..Default::default()
     })
 }
 
@@ -244,15 +359,20 @@ pub fn run(args: ProxyArgs) -> Result<()> {
     pki::init_ca(dir.path(), "proxy bench CA", Validity::days(30))?;
     pki::issue(dir.path(), "server", &[], Validity::days(30))?;
     pki::issue(dir.path(), "client", &[], Validity::days(30))?;
-    let target = TcpListener::bind("127.0.0.1:0")?;
-    let target_addr = target.local_addr()?;
-
+    let losses = match &args.rate {
+        Some(_) => args.loss.clone(),
+        None => vec!["0".to_string()],
+    };
     println!(
-        "proxy benchmark: {} MiB per run over {} connection(s), {} run(s) per path, on loopback; \
+        "proxy benchmark: {} MiB per run over {} connection(s), {} run(s) per path, {}; \
          proxies: {} worker thread(s) each{}",
         bytes >> 20,
         args.connections,
         args.runs,
+        match &args.rate {
+            Some(r) => format!("across an emulated link of {r}, RTT {}", args.rtt),
+            None => "on loopback".into(),
+        },
         args.proxy_threads
             .map_or("default".to_string(), |n| n.to_string()),
         if args.proxy_args.is_empty() {
@@ -262,63 +382,129 @@ pub fn run(args: ProxyArgs) -> Result<()> {
         }
     );
     println!(
-        "\n{:<6} {:<16} {:>10} {:>8} {:>14} {:>16}   runs (MB/s)",
-        "dir", "path", "best MB/s", "ratio", "proxy CPU s/GB", "endpoint CPU s/GB"
+        "\n{:<6} {:<6} {:<18} {:>10} {:>10} {:>8} {:>14} {:>16}   runs (MB/s)",
+        "loss",
+        "dir",
+        "path",
+        "best MB/s",
+        "Mbit/s",
+        "ratio",
+        "proxy CPU s/GB",
+        "endpoint CPU s/GB"
     );
-    for &direction in &args.direction {
-        let dname = match direction {
-            Direction::Down => "down",
-            Direction::Up => "up",
+    for loss in &losses {
+        // The emulated link, if any: rebuilt for each loss rate.
+        let (_link, sides) = match &args.rate {
+            Some(rate) => {
+                let spec = crate::bench::pair::PairSpec {
+                    prefix: "q14pb".into(),
+                    transport: crate::bench::pair::BenchTransport::Tcp,
+                    link: link_settings(rate, &args.rtt, loss)?,
+                    agent_args: vec![],
+                    dir: dir.path().join("pair"),
+                };
+                let pair = crate::bench::pair::Pair::up(&spec)?;
+                let sides = Sides {
+                    app_ns: Some(pair.sw.name.clone()),
+                    target_ns: Some(pair.ctl.name.clone()),
+                    target_ip: crate::bench::pair::CTL_ADDR.into(),
+                };
+                (Some(pair), sides)
+            }
+            None => (None, Sides::loopback()),
         };
-        let direct: Vec<RunResult> = (0..args.runs)
-            .map(|_| {
-                run_once(
-                    &target,
-                    target_addr,
-                    bytes,
-                    args.connections,
-                    direction,
-                    &[],
-                )
-            })
-            .collect::<Result<_>>()?;
-        let direct_best = best(&direct);
-        print_row(dname, "direct tcp", &direct, direct_best);
-        for congestion in &args.congestion {
-            let mut pair = start_pair(&args, &binary, dir.path(), target_addr, congestion)?;
-            wait_ready(&mut pair, &target)?;
-            let pids = [pair.server.child.id(), pair.client.child.id()];
-            let runs: Vec<RunResult> = (0..args.runs)
-                .map(|_| {
-                    run_once(
-                        &target,
-                        pair.listen,
-                        bytes,
-                        args.connections,
-                        direction,
-                        &pids,
-                    )
-                })
-                .collect::<Result<_>>()?;
-            pair.server.check_alive()?;
-            pair.client.check_alive()?;
-            print_row(dname, &format!("proxy {congestion}"), &runs, direct_best);
+        let bind_ip = if sides.target_ns.is_some() {
+            "0.0.0.0:0"
+        } else {
+            "127.0.0.1:0"
+        };
+        let target = sides.at_target(move || TcpListener::bind(bind_ip))??;
+        let target_port = target.local_addr()?.port();
+        let direct_addr = SocketAddr::new(sides.target_ip, target_port);
+        let tcp_ccs: Vec<Option<&str>> = if args.rate.is_some() {
+            args.tcp_congestion
+                .iter()
+                .map(|c| Some(c.as_str()))
+                .collect()
+        } else {
+            vec![None]
+        };
+        for &direction in &args.direction {
+            let dname = match direction {
+                Direction::Down => "down",
+                Direction::Up => "up",
+            };
+            let mut baseline = None;
+            for cc in &tcp_ccs {
+                let direct: Vec<RunResult> = (0..args.runs)
+                    .map(|_| {
+                        run_once(
+                            &sides,
+                            &target,
+                            direct_addr,
+                            bytes,
+                            args.connections,
+                            direction,
+                            *cc,
+                            &[],
+                        )
+                    })
+                    .collect::<Result<_>>()?;
+                let b = *baseline.get_or_insert(best(&direct));
+                let name = match cc {
+                    Some(cc) => format!("direct tcp {cc}"),
+                    None => "direct tcp".into(),
+                };
+                print_row(loss, dname, &name, &direct, b);
+            }
+            let baseline = baseline.expect("at least one direct path");
+            for congestion in &args.congestion {
+                let mut pair =
+                    start_pair(&args, &binary, dir.path(), &sides, target_port, congestion)?;
+                wait_ready(&mut pair, &sides, &target)?;
+                let pids = [pair.server.child.id(), pair.client.child.id()];
+                let runs: Vec<RunResult> = (0..args.runs)
+                    .map(|_| {
+                        run_once(
+                            &sides,
+                            &target,
+                            pair.listen,
+                            bytes,
+                            args.connections,
+                            direction,
+                            None,
+                            &pids,
+                        )
+                    })
+                    .collect::<Result<_>>()?;
+                pair.server.check_alive()?;
+                pair.client.check_alive()?;
+                print_row(
+                    loss,
+                    dname,
+                    &format!("proxy quic {congestion}"),
+                    &runs,
+                    baseline,
+                );
+            }
         }
     }
     println!(
-        "\nratio: best MB/s against direct TCP's best in the same run. CPU per GB: user + system \
-         time of the two proxy processes, and of the sending and receiving endpoints (this process)."
+        "\nratio: best MB/s against the first direct TCP path's best in the same run. CPU per GB: \
+         user + system time of the two proxy processes, and of the sending and receiving \
+         endpoints (this process)."
     );
     Ok(())
 }
 
 /// Ready when one byte makes it through the pair.
-fn wait_ready(pair: &mut Pair, target: &TcpListener) -> Result<()> {
+fn wait_ready(pair: &mut ProxyPair, sides: &Sides, target: &TcpListener) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         pair.server.check_alive()?;
         pair.client.check_alive()?;
-        if let Ok(mut app) = TcpStream::connect(pair.listen) {
+        let listen = pair.listen;
+        if let Ok(mut app) = sides.at_app(move || TcpStream::connect(listen))? {
             app.write_all(b"x")?;
             app.shutdown(std::net::Shutdown::Write)?;
             let (mut far, _) = target.accept()?;
@@ -346,15 +532,17 @@ fn best(runs: &[RunResult]) -> f64 {
     runs.iter().map(mbps).fold(0.0, f64::max)
 }
 
-fn print_row(dir: &str, path: &str, runs: &[RunResult], direct_best: f64) {
+fn print_row(loss: &str, dir: &str, path: &str, runs: &[RunResult], direct_best: f64) {
     let gb: f64 = runs.iter().map(|r| r.bytes as f64 / 1e9).sum();
     let proxy_cpu: f64 = runs.iter().map(|r| r.proxy_cpu).sum();
     let endpoint_cpu: f64 = runs.iter().map(|r| r.endpoint_cpu).sum();
     println!(
-        "{:<6} {:<16} {:>10.0} {:>7.2}x {:>14.2} {:>16.2}   {}",
+        "{:<6} {:<6} {:<18} {:>10.0} {:>10.0} {:>7.2}x {:>14.2} {:>16.2}   {}",
+        loss,
         dir,
         path,
         best(runs),
+        best(runs) * 8.0,
         best(runs) / direct_best,
         proxy_cpu / gb,
         endpoint_cpu / gb,

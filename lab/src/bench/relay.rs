@@ -79,7 +79,22 @@ impl AgentProcess {
         args: &[String],
         threads: Option<usize>,
     ) -> Result<AgentProcess> {
-        let child = Command::new(binary)
+        AgentProcess::spawn_in(None, binary, name, args, threads)
+    }
+
+    /// [`AgentProcess::spawn`] inside network namespace `ns`.
+    pub(crate) fn spawn_in(
+        ns: Option<&str>,
+        binary: &Path,
+        name: &'static str,
+        args: &[String],
+        threads: Option<usize>,
+    ) -> Result<AgentProcess> {
+        let mut cmd = match ns {
+            Some(ns) => crate::netns::Netns::named(ns).command(binary),
+            None => Command::new(binary),
+        };
+        let child = cmd
             .args(args)
             .args(threads.map(|n| format!("--threads={n}")))
             .arg("--log-level=warn")

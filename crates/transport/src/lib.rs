@@ -18,6 +18,8 @@ pub mod quic;
 pub mod resumption;
 pub mod shutdown;
 pub mod target;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tls;
 
 pub use target::Target;

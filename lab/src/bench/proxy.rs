@@ -98,18 +98,21 @@ impl Sides {
 
     /// Runs `f` in the application side's namespace.
     fn at_app<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
-        Ok(match &self.app_ns {
-            Some(ns) => crate::emulator::sys::in_netns(ns, f)?,
-            None => f(),
-        })
+        in_ns(self.app_ns.as_deref(), f)
     }
 
+    /// Runs `f` in the target side's namespace.
     fn at_target<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
-        Ok(match &self.target_ns {
-            Some(ns) => crate::emulator::sys::in_netns(ns, f)?,
-            None => f(),
-        })
+        in_ns(self.target_ns.as_deref(), f)
     }
+}
+
+/// Runs `f` in namespace `ns` (on a thread of its own), or here.
+fn in_ns<T: Send + 'static>(ns: Option<&str>, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    Ok(match ns {
+        Some(ns) => crate::emulator::sys::in_netns(ns, f)?,
+        None => f(),
+    })
 }
 
 /// Sets a socket's TCP congestion controller (TCP_CONGESTION).

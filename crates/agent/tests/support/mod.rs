@@ -7,48 +7,31 @@
 use quicsdn_agent::config::{CommonConfig, ControllerConfig, ServiceConfig, SwitchConfig};
 use quicsdn_agent::{ControllerAgent, SwitchAgent};
 use quicsdn_transport::Target;
-use quicsdn_transport::pki::{self, Validity};
 use quicsdn_transport::tls::TlsFiles;
 use quicsdn_wire::{Framer, Framing, openflow};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// Upper bound for anything a test waits for; reaching it is a failure.
-pub const PATIENCE: Duration = Duration::from_secs(30);
+#[allow(unused_imports)] // Each test binary uses a different subset.
+pub use quicsdn_transport::testing::{LogCapture, PATIENCE, TestPki};
 
 /// A CA in a temporary directory, with a controller certificate named `ctl`.
-pub struct Pki {
-    pub dir: tempfile::TempDir,
-}
+pub struct Pki(TestPki);
 
 impl Pki {
     pub fn new() -> Pki {
-        let dir = tempfile::tempdir().unwrap();
-        pki::init_ca(dir.path(), "test CA", Validity::days(1)).unwrap();
-        let p = Pki { dir };
-        p.issue("ctl");
-        p
+        Pki(TestPki::new(&["ctl"]))
     }
+}
 
-    pub fn path(&self) -> &Path {
-        self.dir.path()
-    }
+impl std::ops::Deref for Pki {
+    type Target = TestPki;
 
-    pub fn issue(&self, name: &str) -> TlsFiles {
-        pki::issue(self.path(), name, &[], Validity::days(1)).unwrap();
-        self.files(name)
-    }
-
-    pub fn files(&self, name: &str) -> TlsFiles {
-        TlsFiles {
-            ca: self.path().join("ca.crt"),
-            cert: self.path().join(format!("{name}.crt")),
-            key: self.path().join(format!("{name}.key")),
-        }
+    fn deref(&self) -> &TestPki {
+        &self.0
     }
 }
 
@@ -286,72 +269,6 @@ pub async fn read_to_close(r: &mut (impl AsyncRead + Unpin)) -> std::io::Result<
         .await
         .expect("the connection was never closed")?;
     Ok(out)
-}
-
-/// Collects log output of the current thread (use with a current-thread runtime,
-/// so the agents' tasks log on the same thread).
-#[derive(Clone, Default)]
-pub struct LogCapture(Arc<Mutex<Vec<u8>>>);
-
-impl LogCapture {
-    pub fn install() -> (LogCapture, tracing::subscriber::DefaultGuard) {
-        let capture = LogCapture::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(capture.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .finish();
-        let guard = tracing::subscriber::set_default(subscriber);
-        (capture, guard)
-    }
-
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-
-    /// Lines containing every one of `words`.
-    pub fn lines_with(&self, words: &[&str]) -> Vec<String> {
-        self.text()
-            .lines()
-            .filter(|l| words.iter().all(|w| l.contains(w)))
-            .map(str::to_string)
-            .collect()
-    }
-
-    /// Waits until a line with all of `words` is logged.
-    pub async fn wait_for(&self, words: &[&str]) -> String {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            if let Some(l) = self.lines_with(words).into_iter().next() {
-                return l;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no log line with {words:?}; log:\n{}",
-                self.text()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-}
-
-impl std::io::Write for LogCapture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogCapture {
-    type Writer = LogCapture;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
 }
 
 /// A path for a per-switch socket under a temporary directory.

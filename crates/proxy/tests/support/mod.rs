@@ -5,48 +5,30 @@
 
 use quicsdn_proxy::config::default_quic;
 use quicsdn_proxy::{ClientConfig, Forward, ProxyClient, ProxyServer, ServerConfig, Side};
-use quicsdn_transport::pki::{self, Validity};
 use quicsdn_transport::tls::TlsFiles;
 use std::net::SocketAddr;
-use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// Upper bound for anything a test waits for; reaching it is a failure.
-pub const PATIENCE: Duration = Duration::from_secs(30);
+#[allow(unused_imports)] // Each test binary uses a different subset.
+pub use quicsdn_transport::testing::{LogCapture, PATIENCE, TestPki};
 
 /// A CA in a temporary directory, with certificates `server` and `client`.
-pub struct Pki {
-    pub dir: tempfile::TempDir,
-}
+pub struct Pki(TestPki);
 
 impl Pki {
     pub fn new() -> Pki {
-        let dir = tempfile::tempdir().unwrap();
-        pki::init_ca(dir.path(), "test CA", Validity::days(1)).unwrap();
-        let p = Pki { dir };
-        p.issue("server");
-        p.issue("client");
-        p
+        Pki(TestPki::new(&["server", "client"]))
     }
+}
 
-    pub fn path(&self) -> &Path {
-        self.dir.path()
-    }
+impl std::ops::Deref for Pki {
+    type Target = TestPki;
 
-    pub fn issue(&self, name: &str) -> TlsFiles {
-        pki::issue(self.path(), name, &[], Validity::days(1)).unwrap();
-        self.files(name)
-    }
-
-    pub fn files(&self, name: &str) -> TlsFiles {
-        TlsFiles {
-            ca: self.path().join("ca.crt"),
-            cert: self.path().join(format!("{name}.crt")),
-            key: self.path().join(format!("{name}.key")),
-        }
+    fn deref(&self) -> &TestPki {
+        &self.0
     }
 }
 
@@ -240,62 +222,6 @@ pub async fn read_hashed<R: AsyncReadExt + Unpin>(r: &mut R) -> (usize, Vec<u8>,
         }
         ctx.update(&buf[..n]);
         total += n;
-    }
-}
-
-/// Captures log lines (install it on a current-thread runtime's thread).
-#[derive(Clone, Default)]
-pub struct LogCapture(Arc<Mutex<Vec<u8>>>);
-
-impl LogCapture {
-    pub fn install() -> (LogCapture, tracing::subscriber::DefaultGuard) {
-        let capture = LogCapture::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(capture.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .finish();
-        let guard = tracing::subscriber::set_default(subscriber);
-        (capture, guard)
-    }
-
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-
-    /// Waits until a line with all of `words` is logged.
-    pub async fn wait_for(&self, words: &[&str]) -> String {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            let text = self.text();
-            if let Some(l) = text.lines().find(|l| words.iter().all(|w| l.contains(w))) {
-                return l.to_string();
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no log line with {words:?}; log:\n{text}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-}
-
-impl std::io::Write for LogCapture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogCapture {
-    type Writer = LogCapture;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
     }
 }
 

@@ -150,7 +150,8 @@ pub struct QuicArgs {
     pub idle_timeout: Option<String>,
     /// Flow-control window of each stream we receive, e.g. 256k. Smaller bounds how
     /// much the peer queues on one stream (latency behind bulk data), larger
-    /// allows more throughput per stream on long paths. [default: 1250000]
+    /// allows more throughput per stream on long paths. [default: 1250000 for
+    /// the agents, 4M for the proxy]
     #[arg(long, value_name = "BYTES")]
     pub stream_window: Option<String>,
     /// Congestion controller: bbr, cubic or newreno. [default: bbr]

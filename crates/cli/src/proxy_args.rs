@@ -225,6 +225,7 @@ mod tests {
         assert_eq!(s.forwards[0].target.to_string(), "tcp:127.0.0.1:80");
         assert_eq!(s.quic.congestion, Congestion::Bbr);
         assert!(!s.quic.zero_rtt);
+        assert_eq!(s.quic.stream_window, 4 << 20);
         let mut a = vec![
             "--server",
             "192.0.2.1:4433",

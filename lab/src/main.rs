@@ -63,6 +63,10 @@ enum Command {
 enum Bench {
     /// Agents against direct TCP on loopback: messages/s and latency.
     Relay(quicsdn_lab::bench::relay::RelayArgs),
+    /// Bounded memory under a stalled peer: a controller that reads nothing under a
+    /// PACKET_IN flood, a switch that reads nothing under a FLOW_MOD storm; agents'
+    /// RSS, echo through the priority lane, and an exactly-once audit afterwards.
+    Stall(quicsdn_lab::bench::stall::StallArgs),
     /// Head-of-line blocking with real OVS: echo RTT during a stats storm, and
     /// PACKET_IN delay, over tcp, quic ordered and quic safe.
     Hol(quicsdn_lab::bench::hol::HolArgs),
@@ -179,6 +183,9 @@ fn run(cli: Cli) -> Result<()> {
             DownOutcome::NothingToDo => println!("no lab {} recorded; nothing to do", cli.prefix),
         },
         Command::Bench(Bench::Relay(a)) => quicsdn_lab::bench::relay::run(a)?,
+        Command::Bench(Bench::Stall(a)) => {
+            quicsdn_lab::bench::stall::run(a)?;
+        }
         Command::Bench(Bench::Hol(a)) => quicsdn_lab::bench::hol::run(a)?,
         Command::Bench(Bench::Storm(a)) => quicsdn_lab::bench::storm::run(a)?,
         Command::Bench(Bench::Emulator(o)) => emulator::bench::run(o)?,

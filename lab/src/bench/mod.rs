@@ -30,6 +30,7 @@ pub mod pair;
 pub mod reconnect;
 pub mod relay;
 pub mod report;
+pub mod stall;
 pub mod storm;
 pub mod synth;
 pub mod table1;

@@ -60,8 +60,8 @@ pub struct RelayArgs {
 }
 
 /// A `quicsdn` agent process, killed (by PID) when dropped.
-struct AgentProcess {
-    child: Child,
+pub(crate) struct AgentProcess {
+    pub(crate) child: Child,
     name: &'static str,
 }
 
@@ -73,7 +73,7 @@ impl Drop for AgentProcess {
 }
 
 impl AgentProcess {
-    fn spawn(
+    pub(crate) fn spawn(
         binary: &Path,
         name: &'static str,
         args: &[String],
@@ -89,7 +89,7 @@ impl AgentProcess {
         Ok(AgentProcess { child, name })
     }
 
-    fn check_alive(&mut self) -> Result<()> {
+    pub(crate) fn check_alive(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait()? {
             bail!("the {} agent exited early: {status}", self.name);
         }
@@ -97,11 +97,11 @@ impl AgentProcess {
     }
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn free_udp_port() -> Result<u16> {
+pub(crate) fn free_udp_port() -> Result<u16> {
     Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
         .local_addr()?
         .port())

@@ -8,7 +8,10 @@
 //! the advisory's own `[versions] patched` field. Add a row when an advisory
 //! is published against these crates.
 
-const FIXED_IN: &[(&str, &str, (u64, u64, u64), &str)] = &[
+/// A version as (major, minor, patch).
+type Version = (u64, u64, u64);
+
+const FIXED_IN: &[(&str, &str, Version, &str)] = &[
     (
         "RUSTSEC-2026-0185",
         "quinn-proto",
@@ -42,7 +45,7 @@ const FIXED_IN: &[(&str, &str, (u64, u64, u64), &str)] = &[
 ];
 
 /// Every version of `name` in a Cargo.lock.
-fn locked_versions(lock: &str, name: &str) -> Vec<(u64, u64, u64)> {
+fn locked_versions(lock: &str, name: &str) -> Vec<Version> {
     let mut out = Vec::new();
     let mut lines = lock.lines();
     while let Some(line) = lines.next() {

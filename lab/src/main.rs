@@ -66,6 +66,10 @@ enum Bench {
     /// Bulk throughput through the TCP↔QUIC proxy pair (`quicsdn proxy`) on
     /// loopback against direct TCP, with CPU per GB.
     Proxy(quicsdn_lab::bench::proxy::ProxyArgs),
+    /// Bounded memory under a stalled peer: a controller that reads nothing under a
+    /// PACKET_IN flood, a switch that reads nothing under a FLOW_MOD storm; agents'
+    /// RSS, echo through the priority lane, and an exactly-once audit afterwards.
+    Stall(quicsdn_lab::bench::stall::StallArgs),
     /// Head-of-line blocking with real OVS: echo RTT during a stats storm, and
     /// PACKET_IN delay, over tcp, quic ordered and quic safe.
     Hol(quicsdn_lab::bench::hol::HolArgs),
@@ -183,6 +187,9 @@ fn run(cli: Cli) -> Result<()> {
         },
         Command::Bench(Bench::Relay(a)) => quicsdn_lab::bench::relay::run(a)?,
         Command::Bench(Bench::Proxy(a)) => quicsdn_lab::bench::proxy::run(a)?,
+        Command::Bench(Bench::Stall(a)) => {
+            quicsdn_lab::bench::stall::run(a)?;
+        }
         Command::Bench(Bench::Hol(a)) => quicsdn_lab::bench::hol::run(a)?,
         Command::Bench(Bench::Storm(a)) => quicsdn_lab::bench::storm::run(a)?,
         Command::Bench(Bench::Emulator(o)) => emulator::bench::run(o)?,

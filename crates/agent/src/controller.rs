@@ -240,10 +240,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
     let remote = incoming.remote_address();
     let connecting = match incoming.accept() {
         Ok(c) => c,
-        Err(e) => {
-            warn!(%remote, "cannot accept a connection: {e}");
-            return;
-        }
+        Err(e) => return handshake_failed(remote, &e),
     };
     // On a server into_0rtt always succeeds; `done` resolves when the handshake
     // has completed or failed.
@@ -328,7 +325,17 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
 fn handshake_failed(remote: SocketAddr, e: &quinn::ConnectionError) {
     // rustls' reason says what was wrong with the certificate (expired,
     // unknown issuer, none presented); no local connection is ever opened.
-    warn!(%remote, "rejected a switch agent during the handshake: {e}");
+    // RFC 9001 §8.1: a server that supports none of the client's ALPN
+    // protocols "MUST close the connection" with no_application_protocol (TLS
+    // alert 120): a QUIC client, but not a quicsdn switch agent.
+    let no_alpn = matches!(e, quinn::ConnectionError::TransportError(t)
+        if t.code == quinn::TransportErrorCode::crypto(120));
+    if no_alpn {
+        warn!(%remote, "rejected a connection during the handshake: the client does not offer ALPN {} (not a quicsdn switch agent): {e}",
+            String::from_utf8_lossy(quicsdn_wire::preamble::ALPN));
+    } else {
+        warn!(%remote, "rejected a switch agent during the handshake: {e}");
+    }
 }
 
 /// Makes `link` the switch's current connection, superseding an older one, and

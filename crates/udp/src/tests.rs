@@ -383,6 +383,41 @@ fn malformed_datagrams_are_errors_that_change_nothing() {
 }
 
 #[test]
+fn sequence_numbers_no_sender_uses_are_ignored_by_both_profiles() {
+    // seq u32::MAX made a seed receiver's ACK range [seq, seq + 1) overflow
+    // (found by fuzzing: fuzz/regressions/udp_association).
+    for profile in [Profile::Seed, Profile::Robust] {
+        let start = Instant::now();
+        let mut s = Association::server(9, Config::new(profile), vec![], start);
+        for seq in [u32::MAX - 1, u32::MAX, 0, 1] {
+            let data = packet::encode(
+                9,
+                &Packet::Data {
+                    channel: 1,
+                    seq,
+                    first: true,
+                    last: true,
+                    kind: MessageKind::Data,
+                    payload: b"x",
+                },
+            );
+            s.handle_datagram(start, &data).unwrap();
+        }
+        let acks: Vec<Vec<u8>> = std::iter::from_fn(|| s.poll_transmit(start)).collect();
+        assert!(
+            !acks.is_empty(),
+            "{profile}: the valid packets are acknowledged"
+        );
+        for ack in &acks {
+            assert!(
+                packet::decode(ack).is_ok(),
+                "{profile}: an ACK its peer cannot read"
+            );
+        }
+    }
+}
+
+#[test]
 fn a_message_continuing_nothing_is_a_protocol_violation() {
     let mut sim = Sim::new(Profile::Robust, Link::clean(1), 1);
     sim.connect();

@@ -249,7 +249,17 @@ impl JsonScanner {
             let b = buf[self.scanned];
             let offset = self.scanned;
             self.scanned += 1;
-            if self.step(b, offset)? {
+            let closed = self.step(b, offset)?;
+            // The limit holds for the closing byte too (a message of limit + 1
+            // bytes once passed: found by the jsonrpc_framer fuzz target's oracle,
+            // fuzz/regressions/jsonrpc_framer).
+            if self.state != JsonState::BeforeMessage && self.scanned - self.start > max {
+                return Err(FrameError::TooLarge {
+                    length: self.scanned - self.start,
+                    limit: max,
+                });
+            }
+            if closed {
                 let len = self.scanned;
                 *self = JsonScanner {
                     stack: std::mem::take(&mut self.stack),
@@ -259,11 +269,6 @@ impl JsonScanner {
             }
             if self.state == JsonState::BeforeMessage {
                 self.start = self.scanned;
-            } else if self.scanned - self.start > max {
-                return Err(FrameError::TooLarge {
-                    length: self.scanned - self.start,
-                    limit: max,
-                });
             }
         }
         Ok(None)
@@ -591,6 +596,21 @@ mod tests {
         let err = framer.next_message(br#"{"a":"0123456789"}"#).unwrap_err();
         assert_eq!(
             err,
+            FrameError::TooLarge {
+                length: 11,
+                limit: 10
+            }
+        );
+    }
+
+    #[test]
+    fn jsonrpc_limit_holds_to_the_last_byte() {
+        let msg = br#"{"a":12345}"#; // 11 bytes
+        let mut framer = Framer::new(Framing::JsonRpc, 11);
+        assert_eq!(framer.next_message(msg).unwrap(), Some(11));
+        let mut framer = Framer::new(Framing::JsonRpc, 10);
+        assert_eq!(
+            framer.next_message(msg).unwrap_err(),
             FrameError::TooLarge {
                 length: 11,
                 limit: 10

@@ -32,6 +32,7 @@ pub mod proxy;
 pub mod reconnect;
 pub mod relay;
 pub mod report;
+pub mod stall;
 pub mod storm;
 pub mod synth;
 pub mod table1;

@@ -138,6 +138,8 @@ pub struct CommonConfig {
     pub local_connect_timeout: Duration,
     /// The control socket (see [`crate::control`]), if any.
     pub control: Option<std::path::PathBuf>,
+    /// `--metrics`: where to serve `/metrics` and `/healthz` ([`crate::http`]).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl CommonConfig {
@@ -153,6 +155,7 @@ impl CommonConfig {
             max_message: None,
             local_connect_timeout: Duration::from_secs(5),
             control: None,
+            metrics: None,
         }
     }
 
@@ -162,6 +165,13 @@ impl CommonConfig {
         {
             return Err(ConfigError::Invalid(
                 "--transport udp neither authenticates nor encrypts: anyone who can send datagrams to the agents can inject OpenFlow messages or claim a switch's name. Add --allow-unauthenticated to accept that (e.g. on an isolated management network), or use --transport quic".into(),
+            ));
+        }
+        if let AgentTransport::Udp(_) = self.transport
+            && self.metrics.is_some()
+        {
+            return Err(ConfigError::Invalid(
+                "--metrics serves the QUIC agents' metrics; the --transport udp agents have none yet (use `quicsdn control … status`)".into(),
             ));
         }
         if self.services.is_empty() {

@@ -14,6 +14,7 @@
 use crate::admission::{Admission, Permit};
 use crate::config::{ConfigError, ControllerConfig};
 use crate::link::Link;
+use crate::metrics::{Metrics, RefusalReason};
 use crate::services::{Service, ServiceTable};
 use crate::session::Handshake;
 use crate::{AgentError, Shutdown, control};
@@ -48,6 +49,7 @@ struct Inner {
     endpoint: Endpoint,
     switches: Mutex<HashMap<Arc<str>, SwitchEntry>>,
     admission: Arc<Admission>,
+    metrics: Arc<Metrics>,
 }
 
 /// A running controller agent.
@@ -56,12 +58,18 @@ pub struct ControllerAgent {
     shutdown: Shutdown,
     accept_task: JoinHandle<()>,
     control_task: Option<JoinHandle<()>>,
+    /// The metrics endpoint and the migration watcher.
+    metrics_tasks: Vec<JoinHandle<()>>,
+    metrics_addr: Option<SocketAddr>,
 }
 
 impl ControllerAgent {
     pub async fn start(config: ControllerConfig) -> Result<ControllerAgent, AgentError> {
         config.validate()?;
-        let creds = Credentials::load(&config.common.tls)?;
+        let metrics = Metrics::new("controller");
+        let mut creds = Credentials::load(&config.common.tls)?;
+        creds.on_reject = Some(metrics.rejection_hook());
+        metrics.set_credentials(&creds);
         crate::warn_if_expiring(&creds);
         let services = Arc::new(ServiceTable::new(&config.common, Opener::Controller));
         let sessions = Arc::new(match &config.session_store {
@@ -83,6 +91,7 @@ impl ControllerAgent {
             endpoint,
             switches: Mutex::new(HashMap::new()),
             admission,
+            metrics,
         });
         let shutdown = Shutdown::new();
         let mut control_task = None;
@@ -100,13 +109,53 @@ impl ControllerAgent {
                 shutdown.clone(),
             )));
         }
+        let mut metrics_tasks = vec![tokio::spawn(
+            inner
+                .metrics
+                .clone()
+                .watch_migrations(Duration::from_secs(1), shutdown.clone()),
+        )];
+        let mut metrics_addr = None;
+        if let Some(addr) = inner.config.common.metrics {
+            let listener = crate::http::bind(addr)
+                .await
+                .map_err(|e| AgentError::Listen {
+                    service: "metrics".into(),
+                    target: addr.to_string(),
+                    reason: e.to_string(),
+                })?;
+            metrics_addr = Some(listener.local_addr()?);
+            info!(metrics = %listener.local_addr()?, "serving /metrics and /healthz");
+            let health: crate::http::Health = {
+                let inner = inner.clone();
+                Arc::new(move || health(&inner))
+            };
+            metrics_tasks.push(tokio::spawn(crate::http::serve(
+                listener,
+                inner.metrics.clone(),
+                health,
+                shutdown.clone(),
+            )));
+        }
         let accept_task = tokio::spawn(accept_connections(inner.clone(), shutdown.clone()));
         Ok(ControllerAgent {
             inner,
             shutdown,
             accept_task,
             control_task,
+            metrics_tasks,
+            metrics_addr,
         })
+    }
+
+    /// The agent's metrics (served on `--metrics` if given).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// Where `/metrics` and `/healthz` are served, with `--metrics`.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// The UDP address the agent listens on.
@@ -138,6 +187,9 @@ impl ControllerAgent {
         );
         let _ = self.accept_task.await;
         if let Some(t) = self.control_task {
+            let _ = t.await;
+        }
+        for t in self.metrics_tasks {
             let _ = t.await;
         }
         let entries: Vec<SwitchEntry> = self
@@ -208,7 +260,10 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
                     Some(permit) => {
                         handlers.spawn(handle_connection(inner.clone(), incoming, permit));
                     }
-                    None => incoming.refuse(),
+                    None => {
+                        inner.metrics.refused(RefusalReason::admission);
+                        incoming.refuse();
+                    }
                 },
                 None => break,
             },
@@ -251,7 +306,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
         Ok((conn, done)) => (conn, Some(done)),
         Err(connecting) => match connecting.await {
             Ok(conn) => (conn, None),
-            Err(e) => return handshake_failed(remote, &e),
+            Err(e) => return handshake_failed(&inner, remote, &e),
         },
     };
     // A resumed session (a ticket from this agent's session store) names its
@@ -266,7 +321,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
             done.await;
             drop(permit.take());
             if let Some(e) = conn.close_reason() {
-                return handshake_failed(remote, &e);
+                return handshake_failed(&inner, remote, &e);
             }
             None
         }
@@ -274,6 +329,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
     };
     let Some(switch) = identity::of_connection(&conn) else {
         warn!(%remote, "rejected a connection without a usable certificate identity");
+        inner.metrics.refused(RefusalReason::bad_certificate);
         conn.close(
             VarInt::from_u32(code::PROTOCOL_VIOLATION),
             b"no certificate identity",
@@ -294,6 +350,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
         inner.config.relaxed_flow_mods,
         inner.config.common.local_connect_timeout,
         early.as_ref().map(|((_, rx), _)| rx.clone()),
+        inner.metrics.clone(),
     );
     let serving = link.clone().serve();
     tokio::pin!(serving);
@@ -314,18 +371,24 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
             return;
         }
         confirmed.send_replace(Handshake::Complete);
+        inner.metrics.zero_rtt(&switch, true);
     }
     register(&inner, &switch, &link).await;
+    inner.metrics.link_up(&link);
     info!(switch = %switch, %remote, zero_rtt = link.early_start, "switch agent connected");
     let reason = serving.await;
+    inner.metrics.link_down(&link, &reason);
     info!(switch = %switch, %remote, "switch agent disconnected: {reason}");
     unregister(&inner, &switch, &link).await;
 }
 
-fn handshake_failed(remote: SocketAddr, e: &quinn::ConnectionError) {
+fn handshake_failed(inner: &Inner, remote: SocketAddr, e: &quinn::ConnectionError) {
     // rustls' reason says what was wrong with the certificate (expired,
     // unknown issuer, none presented); no local connection is ever opened.
     warn!(%remote, "rejected a switch agent during the handshake: {e}");
+    if let Some(reason) = RefusalReason::of_failed_handshake(e) {
+        inner.metrics.refused(reason);
+    }
 }
 
 /// Makes `link` the switch's current connection, superseding an older one, and
@@ -428,4 +491,49 @@ async fn accept_for_switch(
             }
         }
     }
+}
+
+/// `/healthz` of the controller agent: ready when at least one switch is
+/// connected and every connected switch has a session open on each service
+/// the switch side opens (OpenFlow: its session reached the controller).
+fn health(inner: &Inner) -> (bool, serde_json::Value) {
+    let expected: Vec<String> = inner
+        .services
+        .iter()
+        .filter(|s| s.opener == Opener::Switch)
+        .map(|s| s.name.clone())
+        .collect();
+    let switches = inner.metrics.connected();
+    let mut incomplete = Vec::new();
+    let mut listed = serde_json::Map::new();
+    for (switch, sessions) in &switches {
+        if expected
+            .iter()
+            .any(|svc| sessions.get(svc).copied().unwrap_or(0) < 1)
+        {
+            incomplete.push(switch.clone());
+        }
+        listed.insert(switch.clone(), serde_json::json!(sessions));
+    }
+    let ready = !switches.is_empty() && incomplete.is_empty();
+    let why = if switches.is_empty() {
+        "no switch agent connected".to_string()
+    } else if !incomplete.is_empty() {
+        format!(
+            "switches without a session to the controller: {}",
+            incomplete.join(", ")
+        )
+    } else {
+        format!(
+            "{} switch(es) connected, each with its sessions",
+            switches.len()
+        )
+    };
+    let details = serde_json::json!({
+        "ready": ready,
+        "role": "controller",
+        "switches": listed,
+        "reason": why,
+    });
+    (ready, details)
 }

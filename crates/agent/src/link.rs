@@ -53,6 +53,7 @@ pub struct Link {
     /// The connection began before its handshake completed (0-RTT).
     pub early_start: bool,
     pub early: Arc<EarlyStats>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Removes a session's route when the session ends.
@@ -70,7 +71,9 @@ impl Drop for Route<'_> {
 impl Link {
     /// `relaxed` enables `--relaxed-flow-mods` for what this side sends (only the
     /// controller agent sends towards the switch). `handshake` is `None` for a
-    /// connection whose handshake has completed, else where it stands.
+    /// connection whose handshake has completed, else where it stands. Its
+    /// sessions count what they carry in `metrics`.
+    #[allow(clippy::too_many_arguments)] // The agent's settings for its links, named at both callers.
     pub fn new(
         conn: quinn::Connection,
         switch: Arc<str>,
@@ -79,6 +82,7 @@ impl Link {
         relaxed: bool,
         local_connect_timeout: Duration,
         handshake: Option<watch::Receiver<Handshake>>,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> Arc<Link> {
         let early_start = handshake.is_some();
         let handshake = handshake.unwrap_or_else(|| watch::channel(Handshake::Complete).1);
@@ -94,6 +98,7 @@ impl Link {
             local_connect_timeout,
             next_session: AtomicU64::new(0),
             routes: Mutex::new(Routes::default()),
+            metrics,
         })
     }
 
@@ -129,6 +134,7 @@ impl Link {
                 Direction::ToSwitch
             },
             relaxed: self.relaxed,
+            metrics: self.metrics.clone(),
         }
     }
 

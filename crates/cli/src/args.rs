@@ -191,6 +191,11 @@ pub struct CommonArgs {
     /// A unix socket for `quicsdn control` (status, rebind), mode 0600.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Serve Prometheus metrics on http://IP:PORT/metrics and readiness on
+    /// /healthz (plain HTTP, no certificate needed: bind it to a management
+    /// address). [default: off]
+    #[arg(long, value_name = "IP:PORT")]
+    pub metrics: Option<SocketAddr>,
     /// Turn 0-RTT resumption off. With it on (the default) a switch agent that
     /// holds a session ticket sends its hello and OVS's replay-safe first
     /// messages (HELLO, ECHO, FEATURES) with its first packets; everything else
@@ -298,6 +303,7 @@ pub struct FileConfig {
     pub max_message_size: Option<String>,
     pub local_connect_timeout: Option<String>,
     pub control: Option<PathBuf>,
+    pub metrics: Option<SocketAddr>,
     pub zero_rtt: Option<bool>,
     pub coalesce: Option<String>,
     pub ack_threshold: Option<u32>,
@@ -466,6 +472,7 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
             Duration::from_secs(5),
         )?,
         control: args.control.or(file.control.take()),
+        metrics: args.metrics.or(file.metrics.take()),
     })
 }
 

@@ -102,6 +102,22 @@ pub fn set_coalescing(c: Coalescing) -> bool {
     COALESCING.set(c).is_ok()
 }
 
+/// The read coalescing set for this process, if any.
+pub fn coalescing() -> Option<Coalescing> {
+    COALESCING.get().copied().filter(|c| !c.window.is_zero())
+}
+
+/// Told, at each flush of read coalescing, how long the data was held (zero:
+/// isolated data, not held) and how many bytes were handed on.
+pub type CoalesceObserver = Box<dyn Fn(Duration, usize) + Send + Sync>;
+
+static OBSERVER: OnceLock<CoalesceObserver> = OnceLock::new();
+
+/// Sets the process's [`CoalesceObserver`] (once; the agent's metrics).
+pub fn observe_coalescing(observer: CoalesceObserver) -> bool {
+    OBSERVER.set(observer).is_ok()
+}
+
 /// The process-wide clock the coalescing windows are aligned to.
 fn epoch() -> tokio::time::Instant {
     static EPOCH: OnceLock<tokio::time::Instant> = OnceLock::new();
@@ -145,6 +161,8 @@ struct Coalescer {
     deferred: Option<io::Result<()>>,
     last_data: Option<tokio::time::Instant>,
     tick: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// When the bytes held now began to be held.
+    held_since: Option<tokio::time::Instant>,
 }
 
 impl Coalescer {
@@ -157,6 +175,7 @@ impl Coalescer {
             deferred: None,
             last_data: None,
             tick: None,
+            held_since: None,
         }
     }
 
@@ -167,6 +186,13 @@ impl Coalescer {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         loop {
+            if self.flushing
+                && self.taken == 0
+                && let Some(since) = self.held_since.take()
+                && let Some(observe) = OBSERVER.get()
+            {
+                observe(since.elapsed(), self.held.len());
+            }
             if self.flushing {
                 let rest = &self.held[self.taken..];
                 if !rest.is_empty() {
@@ -203,6 +229,9 @@ impl Coalescer {
                         .last_data
                         .is_some_and(|t| now.saturating_duration_since(t) < self.cfg.window);
                     self.last_data = Some(now);
+                    if self.held.is_empty() {
+                        self.held_since = Some(now);
+                    }
                     self.held.extend_from_slice(rb.filled());
                     if !dense && self.tick.is_none() {
                         // Isolated data: never held.

@@ -140,6 +140,8 @@ pub struct CommonConfig {
     pub control: Option<std::path::PathBuf>,
     /// `--metrics`: where to serve `/metrics` and `/healthz` ([`crate::http`]).
     pub metrics: Option<SocketAddr>,
+    /// `--qlog-dir` (or `QLOGDIR`): a qlog file per QUIC connection.
+    pub qlog: Option<quicsdn_transport::quic::Qlog>,
 }
 
 impl CommonConfig {
@@ -156,6 +158,7 @@ impl CommonConfig {
             local_connect_timeout: Duration::from_secs(5),
             control: None,
             metrics: None,
+            qlog: None,
         }
     }
 

@@ -50,6 +50,8 @@ struct Inner {
     switches: Mutex<HashMap<Arc<str>, SwitchEntry>>,
     admission: Arc<Admission>,
     metrics: Arc<Metrics>,
+    /// The server configuration, for connections accepted with a qlog.
+    server_config: quinn::ServerConfig,
 }
 
 /// A running controller agent.
@@ -78,7 +80,8 @@ impl ControllerAgent {
             })?,
             None => SessionStore::in_memory(resumption::DEFAULT_CAPACITY),
         });
-        let endpoint = quic::server_endpoint(config.listen, &creds, &config.common.quic, sessions)?;
+        let (endpoint, server_config) =
+            quic::server_endpoint(config.listen, &creds, &config.common.quic, sessions)?;
         info!(
             listen = %endpoint.local_addr()?, identity = %creds.identity, services = %services.names(),
             max_handshakes = config.max_handshakes,
@@ -92,6 +95,7 @@ impl ControllerAgent {
             switches: Mutex::new(HashMap::new()),
             admission,
             metrics,
+            server_config,
         });
         let shutdown = Shutdown::new();
         let mut control_task = None;
@@ -293,7 +297,35 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
 async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit: Permit) {
     let mut permit = Some(permit);
     let remote = incoming.remote_address();
-    let connecting = match incoming.accept() {
+    // With --qlog-dir the file is named by the address until the switch is known.
+    let mut qlog_file = None;
+    let accepted = match &inner.config.common.qlog {
+        None => incoming.accept(),
+        Some(qlog) => {
+            let name = format!(
+                "{}-{}-controller",
+                quic::file_stem(&remote.to_string()),
+                crate::switch::unix_millis()
+            );
+            match qlog.transport(
+                &inner.config.common.quic,
+                &name,
+                &format!("quicsdn controller agent, switch at {remote}"),
+            ) {
+                Ok((transport, path)) => {
+                    qlog_file = Some(path);
+                    let mut cfg = inner.server_config.clone();
+                    cfg.transport_config(transport);
+                    incoming.accept_with(Arc::new(cfg))
+                }
+                Err(e) => {
+                    warn!(%remote, "--qlog-dir: {e}; accepting without a qlog");
+                    incoming.accept()
+                }
+            }
+        }
+    };
+    let connecting = match accepted {
         Ok(c) => c,
         Err(e) => {
             warn!(%remote, "cannot accept a connection: {e}");
@@ -337,6 +369,17 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
         return;
     };
     let switch: Arc<str> = switch.into();
+    if let Some(path) = qlog_file {
+        // Named by the switch from now on (the file stays open across a rename).
+        let named = path.with_file_name(format!(
+            "{}-{}",
+            quic::file_stem(&switch),
+            path.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        if let Err(e) = std::fs::rename(&path, &named) {
+            warn!(switch = %switch, "cannot rename {}: {e}", path.display());
+        }
+    }
     // A full handshake has completed here; a resumed one holds its permit
     // until it completes, below.
     if early.is_none() {

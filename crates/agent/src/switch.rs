@@ -58,6 +58,8 @@ struct Inner {
     /// up, so OVS's connections wait for the next attempt instead of closing.
     refused: AtomicBool,
     metrics: Arc<Metrics>,
+    /// `--qlog-dir`, and the client configuration its connections use.
+    qlog: Option<(quic::Qlog, quinn::ClientConfig)>,
 }
 
 /// A running switch agent.
@@ -103,6 +105,12 @@ impl SwitchAgent {
             None => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
         };
         let endpoint = quic::client_endpoint(bind, &creds, &config.common.quic)?;
+        // With qlog, each attempt gets its own transport settings (its qlog
+        // stream) around one TLS configuration, whose ticket cache 0-RTT needs.
+        let qlog = match &config.common.qlog {
+            Some(q) => Some((q.clone(), quic::client_config(&creds, &config.common.quic)?)),
+            None => None,
+        };
         let (state, _) = watch::channel(LinkState::Down);
         let inner = Arc::new(Inner {
             config,
@@ -114,6 +122,7 @@ impl SwitchAgent {
             zero_rtt_rejected: AtomicBool::new(false),
             refused: AtomicBool::new(false),
             metrics,
+            qlog,
         });
         let shutdown = Shutdown::new();
         let mut tasks = JoinSet::new();
@@ -422,9 +431,25 @@ async fn connect_once(inner: &Arc<Inner>) -> Result<Arc<Link>, Attempt> {
         .ok_or_else(|| {
             Attempt::Failed(format!("{} resolves to no address", cfg.controller), None)
         })?;
-    let mut connecting = inner
-        .endpoint
-        .connect(addr, &cfg.server_name)
+    let connecting = match &inner.qlog {
+        None => inner.endpoint.connect(addr, &cfg.server_name),
+        Some((qlog, base)) => {
+            let name = format!(
+                "{}-{}-switch",
+                quic::file_stem(&inner.identity),
+                unix_millis()
+            );
+            let title = format!("quicsdn switch agent {} to {addr}", inner.identity);
+            let (transport, path) = qlog
+                .transport(&cfg.common.quic, &name, &title)
+                .map_err(|e| Attempt::Failed(format!("--qlog-dir: {e}"), None))?;
+            debug!(switch = %inner.identity, qlog = %path.display(), "qlog of this connection");
+            let mut client = base.clone();
+            client.transport_config(transport);
+            inner.endpoint.connect_with(client, addr, &cfg.server_name)
+        }
+    };
+    let mut connecting = connecting
         .map_err(|e| Attempt::Failed(format!("cannot start a connection to {addr}: {e}"), None))?;
     let new_link = |conn, confirmed| {
         Link::new(
@@ -659,4 +684,11 @@ fn health(inner: &Inner) -> (bool, serde_json::Value) {
         "reason": why,
     });
     (ready, details)
+}
+
+/// Milliseconds since the Unix epoch, for file names.
+pub(crate) fn unix_millis() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
 }

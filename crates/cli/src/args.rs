@@ -196,6 +196,11 @@ pub struct CommonArgs {
     /// address). [default: off]
     #[arg(long, value_name = "IP:PORT")]
     pub metrics: Option<SocketAddr>,
+    /// Write one qlog file per QUIC connection into DIR (JSON-SEQ `.sqlog`, as
+    /// qvis reads it), named by the switch's identity. Also the QLOGDIR
+    /// environment variable. For diagnosis: every packet is logged.
+    #[arg(long, value_name = "DIR", env = "QLOGDIR")]
+    pub qlog_dir: Option<PathBuf>,
     /// Turn 0-RTT resumption off. With it on (the default) a switch agent that
     /// holds a session ticket sends its hello and OVS's replay-safe first
     /// messages (HELLO, ECHO, FEATURES) with its first packets; everything else
@@ -304,6 +309,7 @@ pub struct FileConfig {
     pub local_connect_timeout: Option<String>,
     pub control: Option<PathBuf>,
     pub metrics: Option<SocketAddr>,
+    pub qlog_dir: Option<PathBuf>,
     pub zero_rtt: Option<bool>,
     pub coalesce: Option<String>,
     pub ack_threshold: Option<u32>,
@@ -473,6 +479,10 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
         )?,
         control: args.control.or(file.control.take()),
         metrics: args.metrics.or(file.metrics.take()),
+        qlog: args
+            .qlog_dir
+            .or(file.qlog_dir.take())
+            .map(|dir| quicsdn_transport::quic::Qlog { dir }),
     })
 }
 

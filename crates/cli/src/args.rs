@@ -64,6 +64,26 @@ pub enum Command {
     Controller(ControllerArgs),
     /// Talk to a running agent's control socket (its --control path).
     Control(ControlArgs),
+    /// Check an agent's configuration file without starting it: every
+    /// setting, the services, and the certificate files (readable, matching,
+    /// not expired). Exit status 0 if the agent would start.
+    CheckConfig(CheckConfigArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CheckConfigArgs {
+    /// The TOML file (as given to --config).
+    pub file: PathBuf,
+    /// Which agent the file is for. [default: `switch` if it names a
+    /// `controller`, else `controller`]
+    #[arg(long, value_enum)]
+    pub role: Option<Role>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Switch,
+    Controller,
 }
 
 #[derive(Args, Debug)]

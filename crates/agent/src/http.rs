@@ -25,9 +25,23 @@ pub type Health = Arc<dyn Fn() -> (bool, serde_json::Value) + Send + Sync>;
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Binds the endpoint's TCP socket.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
+/// Binds `addr` (an error names `--metrics`) and returns where it listens,
+/// and the server to spawn, which runs until `shutdown`.
+pub(crate) async fn start(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    health: Health,
+    shutdown: Shutdown,
+) -> Result<(SocketAddr, impl Future<Output = ()> + use<>), crate::AgentError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| crate::AgentError::Listen {
+            service: "metrics".into(),
+            target: addr.to_string(),
+            reason: e.to_string(),
+        })?;
+    let local = listener.local_addr()?;
+    Ok((local, serve(listener, metrics, health, shutdown)))
 }
 
 fn respond(
@@ -80,12 +94,7 @@ fn respond(
 }
 
 /// Serves until `shutdown`.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    metrics: Arc<Metrics>,
-    health: Health,
-    shutdown: Shutdown,
-) {
+async fn serve(listener: TcpListener, metrics: Arc<Metrics>, health: Health, shutdown: Shutdown) {
     loop {
         let (stream, peer) = tokio::select! {
             c = listener.accept() => match c {

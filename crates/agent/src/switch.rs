@@ -150,25 +150,15 @@ impl SwitchAgent {
         }
         let mut metrics_addr = None;
         if let Some(addr) = inner.config.common.metrics {
-            let listener = crate::http::bind(addr)
-                .await
-                .map_err(|e| AgentError::Listen {
-                    service: "metrics".into(),
-                    target: addr.to_string(),
-                    reason: e.to_string(),
-                })?;
-            metrics_addr = Some(listener.local_addr()?);
-            info!(switch = %inner.identity, metrics = %listener.local_addr()?, "serving /metrics and /healthz");
             let health: crate::http::Health = {
                 let inner = inner.clone();
                 Arc::new(move || health(&inner))
             };
-            tasks.spawn(crate::http::serve(
-                listener,
-                inner.metrics.clone(),
-                health,
-                shutdown.clone(),
-            ));
+            let (local, server) =
+                crate::http::start(addr, inner.metrics.clone(), health, shutdown.clone()).await?;
+            info!(switch = %inner.identity, metrics = %local, "serving /metrics and /healthz");
+            metrics_addr = Some(local);
+            tasks.spawn(server);
         }
         Ok(SwitchAgent {
             inner,

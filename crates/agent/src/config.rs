@@ -141,6 +141,10 @@ pub struct CommonConfig {
     pub local_connect_timeout: Duration,
     /// The control socket (see [`crate::control`]), if any.
     pub control: Option<std::path::PathBuf>,
+    /// `--metrics`: where to serve `/metrics` and `/healthz` ([`crate::http`]).
+    pub metrics: Option<SocketAddr>,
+    /// `--qlog-dir` (or `QLOGDIR`): a qlog file per QUIC connection.
+    pub qlog: Option<quicsdn_transport::quic::Qlog>,
 }
 
 impl CommonConfig {
@@ -157,6 +161,8 @@ impl CommonConfig {
             max_message: None,
             local_connect_timeout: Duration::from_secs(5),
             control: None,
+            metrics: None,
+            qlog: None,
         }
     }
 
@@ -166,6 +172,13 @@ impl CommonConfig {
         {
             return Err(ConfigError::Invalid(
                 "--transport udp neither authenticates nor encrypts: anyone who can send datagrams to the agents can inject OpenFlow messages or claim a switch's name. Add --allow-unauthenticated to accept that (e.g. on an isolated management network), or use --transport quic".into(),
+            ));
+        }
+        if let AgentTransport::Udp(_) = self.transport
+            && self.metrics.is_some()
+        {
+            return Err(ConfigError::Invalid(
+                "--metrics serves the QUIC agents' metrics; the --transport udp agents have none yet (use `quicsdn control … status`)".into(),
             ));
         }
         if self.services.is_empty() {

@@ -14,6 +14,7 @@
 use crate::admission::{Admission, Permit};
 use crate::config::{ConfigError, ControllerConfig};
 use crate::link::{Link, Scheduling};
+use crate::metrics::{Metrics, RefusalReason};
 use crate::services::{Service, ServiceTable};
 use crate::session::Handshake;
 use crate::{AgentError, Shutdown, control};
@@ -48,6 +49,9 @@ struct Inner {
     endpoint: Endpoint,
     switches: Mutex<HashMap<Arc<str>, SwitchEntry>>,
     admission: Arc<Admission>,
+    metrics: Arc<Metrics>,
+    /// The server configuration, for connections accepted with a qlog.
+    server_config: quinn::ServerConfig,
 }
 
 /// A running controller agent.
@@ -56,12 +60,18 @@ pub struct ControllerAgent {
     shutdown: Shutdown,
     accept_task: JoinHandle<()>,
     control_task: Option<JoinHandle<()>>,
+    /// The metrics endpoint and the migration watcher.
+    metrics_tasks: Vec<JoinHandle<()>>,
+    metrics_addr: Option<SocketAddr>,
 }
 
 impl ControllerAgent {
     pub async fn start(config: ControllerConfig) -> Result<ControllerAgent, AgentError> {
         config.validate()?;
-        let creds = Credentials::load(&config.common.tls)?;
+        let metrics = Metrics::new("controller");
+        let mut creds = Credentials::load(&config.common.tls)?;
+        creds.on_reject = Some(metrics.rejection_hook());
+        metrics.set_credentials(&creds);
         creds.warn_if_expiring();
         let services = Arc::new(ServiceTable::new(&config.common, Opener::Controller));
         let sessions = Arc::new(match &config.session_store {
@@ -70,7 +80,8 @@ impl ControllerAgent {
             })?,
             None => SessionStore::in_memory(resumption::DEFAULT_CAPACITY),
         });
-        let endpoint = quic::server_endpoint(config.listen, &creds, &config.common.quic, sessions)?;
+        let (endpoint, server_config) =
+            quic::server_endpoint(config.listen, &creds, &config.common.quic, sessions)?;
         info!(
             listen = %endpoint.local_addr()?, identity = %creds.identity, services = %services.names(),
             max_handshakes = config.max_handshakes,
@@ -83,6 +94,8 @@ impl ControllerAgent {
             endpoint,
             switches: Mutex::new(HashMap::new()),
             admission,
+            metrics,
+            server_config,
         });
         let shutdown = Shutdown::new();
         let mut control_task = None;
@@ -100,13 +113,43 @@ impl ControllerAgent {
                 shutdown.clone(),
             )));
         }
+        let mut metrics_tasks = vec![tokio::spawn(
+            inner
+                .metrics
+                .clone()
+                .watch_migrations(Duration::from_secs(1), shutdown.clone()),
+        )];
+        let mut metrics_addr = None;
+        if let Some(addr) = inner.config.common.metrics {
+            let health: crate::http::Health = {
+                let inner = inner.clone();
+                Arc::new(move || health(&inner))
+            };
+            let (local, server) =
+                crate::http::start(addr, inner.metrics.clone(), health, shutdown.clone()).await?;
+            info!(metrics = %local, "serving /metrics and /healthz");
+            metrics_addr = Some(local);
+            metrics_tasks.push(tokio::spawn(server));
+        }
         let accept_task = tokio::spawn(accept_connections(inner.clone(), shutdown.clone()));
         Ok(ControllerAgent {
             inner,
             shutdown,
             accept_task,
             control_task,
+            metrics_tasks,
+            metrics_addr,
         })
+    }
+
+    /// The agent's metrics (served on `--metrics` if given).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// Where `/metrics` and `/healthz` are served, with `--metrics`.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// The UDP address the agent listens on.
@@ -138,6 +181,9 @@ impl ControllerAgent {
         );
         let _ = self.accept_task.await;
         if let Some(t) = self.control_task {
+            let _ = t.await;
+        }
+        for t in self.metrics_tasks {
             let _ = t.await;
         }
         let entries: Vec<SwitchEntry> = self
@@ -208,7 +254,10 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
                     Some(permit) => {
                         handlers.spawn(handle_connection(inner.clone(), incoming, permit));
                     }
-                    None => incoming.refuse(),
+                    None => {
+                        inner.metrics.refused(RefusalReason::admission);
+                        incoming.refuse();
+                    }
                 },
                 None => break,
             },
@@ -238,9 +287,37 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
 async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit: Permit) {
     let mut permit = Some(permit);
     let remote = incoming.remote_address();
-    let connecting = match incoming.accept() {
+    // With --qlog-dir the file is named by the address until the switch is known.
+    let mut qlog_file = None;
+    let accepted = match &inner.config.common.qlog {
+        None => incoming.accept(),
+        Some(qlog) => {
+            let name = format!(
+                "{}-{}-controller",
+                quic::file_stem(&remote.to_string()),
+                crate::switch::unix_millis()
+            );
+            match qlog.transport(
+                &inner.config.common.quic,
+                &name,
+                &format!("quicsdn controller agent, switch at {remote}"),
+            ) {
+                Ok((transport, path)) => {
+                    qlog_file = Some(path);
+                    let mut cfg = inner.server_config.clone();
+                    cfg.transport_config(transport);
+                    incoming.accept_with(Arc::new(cfg))
+                }
+                Err(e) => {
+                    warn!(%remote, "--qlog-dir: {e}; accepting without a qlog");
+                    incoming.accept()
+                }
+            }
+        }
+    };
+    let connecting = match accepted {
         Ok(c) => c,
-        Err(e) => return handshake_failed(remote, &e),
+        Err(e) => return handshake_failed(&inner, remote, &e),
     };
     // On a server into_0rtt always succeeds; `done` resolves when the handshake
     // has completed or failed.
@@ -248,7 +325,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
         Ok((conn, done)) => (conn, Some(done)),
         Err(connecting) => match connecting.await {
             Ok(conn) => (conn, None),
-            Err(e) => return handshake_failed(remote, &e),
+            Err(e) => return handshake_failed(&inner, remote, &e),
         },
     };
     // A resumed session (a ticket from this agent's session store) names its
@@ -263,7 +340,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
             done.await;
             drop(permit.take());
             if let Some(e) = conn.close_reason() {
-                return handshake_failed(remote, &e);
+                return handshake_failed(&inner, remote, &e);
             }
             None
         }
@@ -271,6 +348,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
     };
     let Some(switch) = identity::of_connection(&conn) else {
         warn!(%remote, "rejected a connection without a usable certificate identity");
+        inner.metrics.refused(RefusalReason::bad_certificate);
         conn.close(
             VarInt::from_u32(code::PROTOCOL_VIOLATION),
             b"no certificate identity",
@@ -278,6 +356,17 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
         return;
     };
     let switch: Arc<str> = switch.into();
+    if let Some(path) = qlog_file {
+        // Named by the switch from now on (the file stays open across a rename).
+        let named = path.with_file_name(format!(
+            "{}-{}",
+            quic::file_stem(&switch),
+            path.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        if let Err(e) = std::fs::rename(&path, &named) {
+            warn!(switch = %switch, "cannot rename {}: {e}", path.display());
+        }
+    }
     // A full handshake has completed here; a resumed one holds its permit
     // until it completes, below.
     if early.is_none() {
@@ -294,6 +383,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
         },
         inner.config.common.local_connect_timeout,
         early.as_ref().map(|((_, rx), _)| rx.clone()),
+        inner.metrics.clone(),
     );
     let serving = link.clone().serve();
     tokio::pin!(serving);
@@ -314,15 +404,18 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
             return;
         }
         confirmed.send_replace(Handshake::Complete);
+        inner.metrics.zero_rtt(&switch, true);
     }
     register(&inner, &switch, &link).await;
+    inner.metrics.link_up(&link);
     info!(switch = %switch, %remote, zero_rtt = link.early_start, "switch agent connected");
     let reason = serving.await;
+    inner.metrics.link_down(&link, &reason);
     info!(switch = %switch, %remote, "switch agent disconnected: {reason}");
     unregister(&inner, &switch, &link).await;
 }
 
-fn handshake_failed(remote: SocketAddr, e: &quinn::ConnectionError) {
+fn handshake_failed(inner: &Inner, remote: SocketAddr, e: &quinn::ConnectionError) {
     // rustls' reason says what was wrong with the certificate (expired,
     // unknown issuer, none presented); no local connection is ever opened.
     // RFC 9001 §8.1: a server that supports none of the client's ALPN
@@ -335,6 +428,9 @@ fn handshake_failed(remote: SocketAddr, e: &quinn::ConnectionError) {
             String::from_utf8_lossy(quicsdn_wire::preamble::ALPN));
     } else {
         warn!(%remote, "rejected a switch agent during the handshake: {e}");
+    }
+    if let Some(reason) = RefusalReason::of_failed_handshake(e) {
+        inner.metrics.refused(reason);
     }
 }
 
@@ -438,4 +534,49 @@ async fn accept_for_switch(
             }
         }
     }
+}
+
+/// `/healthz` of the controller agent: ready when at least one switch is
+/// connected and every connected switch has a session open on each service
+/// the switch side opens (OpenFlow: its session reached the controller).
+fn health(inner: &Inner) -> (bool, serde_json::Value) {
+    let expected: Vec<String> = inner
+        .services
+        .iter()
+        .filter(|s| s.opener == Opener::Switch)
+        .map(|s| s.name.clone())
+        .collect();
+    let switches = inner.metrics.connected();
+    let mut incomplete = Vec::new();
+    let mut listed = serde_json::Map::new();
+    for (switch, sessions) in &switches {
+        if expected
+            .iter()
+            .any(|svc| sessions.get(svc).copied().unwrap_or(0) < 1)
+        {
+            incomplete.push(switch.clone());
+        }
+        listed.insert(switch.clone(), serde_json::json!(sessions));
+    }
+    let ready = !switches.is_empty() && incomplete.is_empty();
+    let why = if switches.is_empty() {
+        "no switch agent connected".to_string()
+    } else if !incomplete.is_empty() {
+        format!(
+            "switches without a session to the controller: {}",
+            incomplete.join(", ")
+        )
+    } else {
+        format!(
+            "{} switch(es) connected, each with its sessions",
+            switches.len()
+        )
+    };
+    let details = serde_json::json!({
+        "ready": ready,
+        "role": "controller",
+        "switches": listed,
+        "reason": why,
+    });
+    (ready, details)
 }

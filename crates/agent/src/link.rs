@@ -73,6 +73,7 @@ pub struct Link {
     /// The connection began before its handshake completed (0-RTT).
     pub early_start: bool,
     pub early: Arc<EarlyStats>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Removes a session's route when the session ends.
@@ -90,7 +91,9 @@ impl Drop for Route<'_> {
 impl Link {
     /// `sched.relaxed` enables `--relaxed-flow-mods` for what this side sends (only the
     /// controller agent sends towards the switch). `handshake` is `None` for a
-    /// connection whose handshake has completed, else where it stands.
+    /// connection whose handshake has completed, else where it stands. Its
+    /// sessions count what they carry in `metrics`.
+    #[allow(clippy::too_many_arguments)] // The agent's settings for its links, named at both callers.
     pub fn new(
         conn: quinn::Connection,
         switch: Arc<str>,
@@ -98,6 +101,7 @@ impl Link {
         sched: Scheduling,
         local_connect_timeout: Duration,
         handshake: Option<watch::Receiver<Handshake>>,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> Arc<Link> {
         let early_start = handshake.is_some();
         let handshake = handshake.unwrap_or_else(|| watch::channel(Handshake::Complete).1);
@@ -114,6 +118,7 @@ impl Link {
             local_connect_timeout,
             next_session: AtomicU64::new(0),
             routes: Mutex::new(Routes::default()),
+            metrics,
         })
     }
 
@@ -152,6 +157,7 @@ impl Link {
             coalesce: self
                 .coalesce
                 .map(|w| CoalesceConfig::new(w, coalesce_epoch())),
+            metrics: self.metrics.clone(),
         }
     }
 

@@ -48,6 +48,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
+use crate::metrics::{Meter, Origin, SessionMeter};
 use crate::services::Service;
 
 /// A further lane of a session that the peer opened, routed here by the link.
@@ -90,6 +91,7 @@ pub struct SessionInfo {
     /// Class-aware coalescing of what the local peer sends (`--coalesce`);
     /// `None`: everything leaves as soon as it is read.
     pub coalesce: Option<CoalesceConfig>,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Where a connection's TLS handshake stands, for sessions started in 0-RTT.
@@ -317,6 +319,9 @@ pub async fn run(
         "session opened"
     );
     let (rd, wr) = local;
+    let (meter, sent_meter, delivered_meter) =
+        info.metrics
+            .session(&info.switch, &service.name, service.framing, info.direction);
     let (abort_tx, abort_rx) = watch::channel(None::<u32>);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let outbound = Outbound::new(
@@ -364,6 +369,7 @@ pub async fn run(
         events_rx,
         abort_rx.clone(),
         gate(true),
+        sent_meter,
     );
     let inn = pump_in(
         wr,
@@ -373,6 +379,7 @@ pub async fn run(
         events_tx,
         abort_rx,
         gate(false),
+        delivered_meter,
     );
     tokio::pin!(out, inn);
     let (mut out_done, mut in_done) = (false, false);
@@ -422,7 +429,7 @@ pub async fn run(
             replay: replay.freeze(),
         };
     }
-    log_end(&info, first_failure, counts);
+    log_end(&info, &meter, first_failure, counts);
     Outcome::Done
 }
 
@@ -451,8 +458,22 @@ impl LaneOpener {
     }
 }
 
-fn log_end(info: &SessionInfo, failure: Option<(&'static str, End)>, c: Counts) {
+fn log_end(
+    info: &SessionInfo,
+    meter: &SessionMeter,
+    failure: Option<(&'static str, End)>,
+    c: Counts,
+) {
     let (switch, service, session) = (&info.switch, &info.service.name, info.id);
+    match &failure {
+        Some((_, End::LocalMalformed(_))) => meter.malformed(Origin::local),
+        Some((_, End::RemoteStopped(c) | End::RemoteReset(c)))
+            if c.into_inner() == u64::from(code::MALFORMED_MESSAGE) =>
+        {
+            meter.malformed(Origin::remote)
+        }
+        _ => {}
+    }
     let Some((_, end)) = failure else {
         info!(
             %switch, %service, session,
@@ -521,6 +542,7 @@ async fn pump_out(
     events: mpsc::UnboundedReceiver<InboundEvent>,
     abort: watch::Receiver<Option<u32>>,
     gate: Option<Gate>,
+    meter: Meter,
 ) -> OutEnd {
     let lanes = outbound.lanes();
     let mut out = OutPump {
@@ -536,6 +558,7 @@ async fn pump_out(
         gate,
         messages: 0,
         bytes: 0,
+        meter,
     };
     out.ingest(&preread);
     out.advance(!preread.is_empty(), false);
@@ -576,6 +599,7 @@ struct OutPump {
     replay: Option<BytesMut>,
     messages: u64,
     bytes: u64,
+    meter: Meter,
 }
 
 impl OutPump {
@@ -786,6 +810,7 @@ impl OutPump {
             };
             self.messages += batch.messages as u64;
             self.bytes += batch.bytes.len() as u64;
+            self.meter.count(&batch.bytes);
             self.ensure_open(batch.lane).await?;
             let send = self.sends[batch.lane].as_mut().expect("opened above");
             match or_abort(&mut self.abort, send.write_chunk(batch.bytes)).await {
@@ -852,6 +877,7 @@ enum InEvent {
 }
 
 /// Returns how it ended, and the bytes it delivered locally.
+#[allow(clippy::too_many_arguments)] // One pump's parts, named at its one caller.
 async fn pump_in(
     wr: LocalWrite,
     inbound: Inbound,
@@ -860,11 +886,12 @@ async fn pump_in(
     events: mpsc::UnboundedSender<InboundEvent>,
     abort: watch::Receiver<Option<u32>>,
     gate: Option<Gate>,
+    mut meter: Meter,
 ) -> (End, u64, LocalWrite) {
     let mut bytes = 0;
     let mut wr = wr;
     let end = pump_in_inner(
-        &mut wr, inbound, main, lanes, events, abort, gate, &mut bytes,
+        &mut wr, inbound, main, lanes, events, abort, gate, &mut bytes, &mut meter,
     )
     .await;
     (end, bytes, wr)
@@ -880,6 +907,7 @@ async fn deliver(
     abort: &mut watch::Receiver<Option<u32>>,
     at_end: bool,
     bytes: &mut u64,
+    meter: &mut Meter,
 ) -> Result<(), (End, Option<u32>)> {
     let mut out = Vec::with_capacity(runs.len() + 1);
     match gate {
@@ -901,6 +929,7 @@ async fn deliver(
     }
     for run in out.into_iter().filter(|r| !r.is_empty()) {
         *bytes += run.len() as u64;
+        meter.count(&run);
         match or_abort(abort, wr.write_all(&run)).await {
             Err(c) => return Err((End::Aborted, Some(c))),
             Ok(Err(e)) => return Err((End::LocalIo(e), Some(code::LOCAL_ABORT))),
@@ -920,6 +949,7 @@ async fn pump_in_inner(
     mut abort: watch::Receiver<Option<u32>>,
     mut gate: Option<Gate>,
     bytes: &mut u64,
+    meter: &mut Meter,
 ) -> End {
     let (stop_tx, stop_rx) = watch::channel(None::<u32>);
     let mut tasks = tokio::task::JoinSet::new();
@@ -981,7 +1011,8 @@ async fn pump_in_inner(
                 for ev in inbound.take_events() {
                     let _ = events.send(ev);
                 }
-                if let Err(f) = deliver(wr, runs, &mut gate, &mut abort, false, bytes).await {
+                if let Err(f) = deliver(wr, runs, &mut gate, &mut abort, false, bytes, meter).await
+                {
                     break f;
                 }
             }
@@ -992,7 +1023,7 @@ async fn pump_in_inner(
                 match inbound.finish(lane) {
                     Ok(true) => {
                         if let Err(f) =
-                            deliver(wr, Vec::new(), &mut gate, &mut abort, true, bytes).await
+                            deliver(wr, Vec::new(), &mut gate, &mut abort, true, bytes, meter).await
                         {
                             break f;
                         }

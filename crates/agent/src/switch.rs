@@ -14,6 +14,7 @@
 use crate::admission::{Ended, Reconnect};
 use crate::config::SwitchConfig;
 use crate::link::{Link, Scheduling};
+use crate::metrics::{Metrics, RefusalReason};
 use crate::services::{Service, ServiceTable};
 use crate::session::{Handshake, Outcome};
 use crate::{AgentError, Shutdown, control};
@@ -56,6 +57,9 @@ struct Inner {
     /// The controller agent refused our last attempt (admission control): it is
     /// up, so OVS's connections wait for the next attempt instead of closing.
     refused: AtomicBool,
+    metrics: Arc<Metrics>,
+    /// `--qlog-dir`, and the client configuration its connections use.
+    qlog: Option<(quic::Qlog, quinn::ClientConfig)>,
 }
 
 /// A running switch agent.
@@ -64,6 +68,7 @@ pub struct SwitchAgent {
     shutdown: Shutdown,
     tasks: JoinSet<()>,
     listeners: Vec<(String, Target)>,
+    metrics_addr: Option<SocketAddr>,
 }
 
 impl SwitchAgent {
@@ -71,7 +76,10 @@ impl SwitchAgent {
     /// here are configuration errors: nothing is left running.
     pub async fn start(config: SwitchConfig) -> Result<SwitchAgent, AgentError> {
         config.validate()?;
-        let creds = Credentials::load(&config.common.tls)?;
+        let metrics = Metrics::new("switch");
+        let mut creds = Credentials::load(&config.common.tls)?;
+        creds.on_reject = Some(metrics.rejection_hook());
+        metrics.set_credentials(&creds);
         creds.warn_if_expiring();
         let identity: Arc<str> = creds.identity.clone().into();
         let services = Arc::new(ServiceTable::new(&config.common, Opener::Switch));
@@ -97,6 +105,12 @@ impl SwitchAgent {
             None => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
         };
         let endpoint = quic::client_endpoint(bind, &creds, &config.common.quic)?;
+        // With qlog, each attempt gets its own transport settings (its qlog
+        // stream) around one TLS configuration, whose ticket cache 0-RTT needs.
+        let qlog = match &config.common.qlog {
+            Some(q) => Some((q.clone(), quic::client_config(&creds, &config.common.quic)?)),
+            None => None,
+        };
         let (state, _) = watch::channel(LinkState::Down);
         let inner = Arc::new(Inner {
             config,
@@ -107,6 +121,8 @@ impl SwitchAgent {
             kick: Notify::new(),
             zero_rtt_rejected: AtomicBool::new(false),
             refused: AtomicBool::new(false),
+            metrics,
+            qlog,
         });
         let shutdown = Shutdown::new();
         let mut tasks = JoinSet::new();
@@ -132,11 +148,24 @@ impl SwitchAgent {
             let handler = Arc::new(Control(inner.clone()));
             tasks.spawn(control::serve(listener, path, handler, shutdown.clone()));
         }
+        let mut metrics_addr = None;
+        if let Some(addr) = inner.config.common.metrics {
+            let health: crate::http::Health = {
+                let inner = inner.clone();
+                Arc::new(move || health(&inner))
+            };
+            let (local, server) =
+                crate::http::start(addr, inner.metrics.clone(), health, shutdown.clone()).await?;
+            info!(switch = %inner.identity, metrics = %local, "serving /metrics and /healthz");
+            metrics_addr = Some(local);
+            tasks.spawn(server);
+        }
         Ok(SwitchAgent {
             inner,
             shutdown,
             tasks,
             listeners,
+            metrics_addr,
         })
     }
 
@@ -148,6 +177,16 @@ impl SwitchAgent {
     /// Where each locally listening service actually listens.
     pub fn listeners(&self) -> &[(String, Target)] {
         &self.listeners
+    }
+
+    /// The agent's metrics (served on `--metrics` if given).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// Where `/metrics` and `/healthz` are served, with `--metrics`.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// The local UDP address of the QUIC endpoint.
@@ -204,6 +243,7 @@ impl Inner {
         self.endpoint.rebind(socket)?;
         let now = self.endpoint.local_addr()?;
         info!(switch = %self.identity, local = %now, "moved to a new local address; the connection migrates");
+        self.metrics.rebound(&self.identity);
         Ok(now)
     }
 }
@@ -264,17 +304,22 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
                     "connected to the controller agent"
                 );
                 inner.state.send_replace(LinkState::Up(link.clone()));
+                if !link.early_start {
+                    inner.metrics.link_up(&link);
+                }
                 let started = tokio::time::Instant::now();
                 let reason = tokio::select! {
                     r = link.clone().serve() => r,
                     _ = shutdown.wait() => return,
                 };
+                inner.metrics.link_down(&link, &reason);
                 // A 0-RTT connection is Up before the controller agent has seen
                 // it, so a refusal shows up here.
                 let refused = is_refusal(&reason);
                 inner.refused.store(refused, Ordering::Relaxed);
                 inner.state.send_replace(LinkState::Down);
                 if refused {
+                    inner.metrics.refused(RefusalReason::admission);
                     info!(switch = %inner.identity, "the controller agent is busy (admission control refused the connection); retrying shortly");
                     Ended::Refused
                 } else {
@@ -309,12 +354,16 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
                 }
             }
             Err(Attempt::Refused) => {
+                inner.metrics.refused(RefusalReason::admission);
                 inner.refused.store(true, Ordering::Relaxed);
                 inner.state.send_replace(LinkState::Down);
                 info!(switch = %inner.identity, "the controller agent is busy (admission control refused the connection); retrying shortly");
                 Ended::Refused
             }
-            Err(Attempt::Failed(e)) => {
+            Err(Attempt::Failed(e, refusal)) => {
+                if let Some(r) = refusal {
+                    inner.metrics.refused(r);
+                }
                 inner.refused.store(false, Ordering::Relaxed);
                 inner.state.send_replace(LinkState::Down);
                 warn!(switch = %inner.identity, "cannot connect to the controller agent at {}: {e}", cfg.controller);
@@ -347,7 +396,8 @@ pub(crate) fn is_refusal(e: &quinn::ConnectionError) -> bool {
 /// Why a connection attempt produced no link.
 enum Attempt {
     Refused,
-    Failed(String),
+    /// What went wrong, and the handshake refusal it was, if one.
+    Failed(String, Option<RefusalReason>),
 }
 
 /// Whether the controller agent closed the connection because a newer one with
@@ -366,13 +416,31 @@ async fn connect_once(inner: &Arc<Inner>) -> Result<Arc<Link>, Attempt> {
     let cfg = &inner.config;
     let addr = tokio::net::lookup_host(cfg.controller.as_str())
         .await
-        .map_err(|e| Attempt::Failed(format!("cannot resolve {}: {e}", cfg.controller)))?
+        .map_err(|e| Attempt::Failed(format!("cannot resolve {}: {e}", cfg.controller), None))?
         .next()
-        .ok_or_else(|| Attempt::Failed(format!("{} resolves to no address", cfg.controller)))?;
-    let mut connecting = inner
-        .endpoint
-        .connect(addr, &cfg.server_name)
-        .map_err(|e| Attempt::Failed(format!("cannot start a connection to {addr}: {e}")))?;
+        .ok_or_else(|| {
+            Attempt::Failed(format!("{} resolves to no address", cfg.controller), None)
+        })?;
+    let connecting = match &inner.qlog {
+        None => inner.endpoint.connect(addr, &cfg.server_name),
+        Some((qlog, base)) => {
+            let name = format!(
+                "{}-{}-switch",
+                quic::file_stem(&inner.identity),
+                unix_millis()
+            );
+            let title = format!("quicsdn switch agent {} to {addr}", inner.identity);
+            let (transport, path) = qlog
+                .transport(&cfg.common.quic, &name, &title)
+                .map_err(|e| Attempt::Failed(format!("--qlog-dir: {e}"), None))?;
+            debug!(switch = %inner.identity, qlog = %path.display(), "qlog of this connection");
+            let mut client = base.clone();
+            client.transport_config(transport);
+            inner.endpoint.connect_with(client, addr, &cfg.server_name)
+        }
+    };
+    let mut connecting = connecting
+        .map_err(|e| Attempt::Failed(format!("cannot start a connection to {addr}: {e}"), None))?;
     let new_link = |conn, confirmed| {
         Link::new(
             conn,
@@ -385,6 +453,7 @@ async fn connect_once(inner: &Arc<Inner>) -> Result<Arc<Link>, Attempt> {
             },
             cfg.common.local_connect_timeout,
             confirmed,
+            inner.metrics.clone(),
         )
     };
     // After a rejection, one full handshake (the next attempt gets fresh tickets).
@@ -416,24 +485,33 @@ async fn connect_once(inner: &Arc<Inner>) -> Result<Arc<Link>, Attempt> {
             if is_refusal(&e) {
                 Attempt::Refused
             } else {
-                Attempt::Failed(format!("handshake with {addr} failed: {e}"))
+                Attempt::Failed(
+                    format!("handshake with {addr} failed: {e}"),
+                    RefusalReason::of_failed_handshake(&e),
+                )
             }
         })?;
         let link = new_link(conn, None);
         match link.hello_as_client().await {
             Ok(_) => Ok(link),
-            Err(e) => Err(Attempt::Failed(format!(
-                "{addr} closed the connection during setup: {e}"
-            ))),
+            // TLS 1.3: the controller agent checks our certificate after our
+            // side of the handshake completed, so its refusal lands here.
+            Err(e) => Err(Attempt::Failed(
+                format!("{addr} closed the connection during setup: {e}"),
+                link.conn
+                    .close_reason()
+                    .and_then(|r| RefusalReason::of_failed_handshake(&r)),
+            )),
         }
     };
     let limit = cfg.common.quic.idle_timeout;
     tokio::time::timeout(limit, attempt)
         .await
         .unwrap_or_else(|_| {
-            Err(Attempt::Failed(format!(
-                "no answer from {addr} within {limit:?}"
-            )))
+            Err(Attempt::Failed(
+                format!("no answer from {addr} within {limit:?}"),
+                Some(RefusalReason::timed_out),
+            ))
         })
 }
 
@@ -460,6 +538,7 @@ async fn confirm_early(
         // The handshake failed; the connection manager reports why.
         return;
     }
+    inner.metrics.zero_rtt(&link.switch, accepted);
     if !accepted {
         info!(
             switch = %link.switch,
@@ -474,6 +553,7 @@ async fn confirm_early(
         return;
     }
     handshake.send_replace(Handshake::Complete);
+    inner.metrics.link_up(&link);
     debug!(switch = %link.switch, "0-RTT accepted");
     if let Err(e) = hello.await.unwrap_or_else(|e| Err(e.to_string())) {
         warn!(switch = %link.switch, "the controller agent closed the connection during setup: {e}");
@@ -556,4 +636,52 @@ async fn link_for_session(inner: &Inner) -> Option<Arc<Link>> {
     };
     let limit = inner.config.common.quic.idle_timeout + Duration::from_secs(1);
     tokio::time::timeout(limit, wait).await.ok().flatten()
+}
+
+/// `/healthz` of the switch agent: ready when the connection to the controller
+/// agent is up (handshake complete) and OVS has a session open on every
+/// service this agent listens for (so the local side is connected too).
+fn health(inner: &Inner) -> (bool, serde_json::Value) {
+    let link = match &*inner.state.borrow() {
+        LinkState::Up(l) if l.is_alive() => Some(l.clone()),
+        _ => None,
+    };
+    let confirmed = link.as_ref().is_some_and(|l| l.is_confirmed());
+    let sessions = inner
+        .metrics
+        .connected()
+        .into_iter()
+        .find(|(s, _)| **s == *inner.identity)
+        .map(|(_, by_service)| by_service)
+        .unwrap_or_default();
+    let mut missing = Vec::new();
+    for s in inner.services.opened_here() {
+        if sessions.get(&s.name).copied().unwrap_or(0) < 1 {
+            missing.push(s.name.clone());
+        }
+    }
+    let ready = confirmed && missing.is_empty();
+    let why = if !confirmed {
+        "not connected to the controller agent".to_string()
+    } else if !missing.is_empty() {
+        format!("OVS has no session open on: {}", missing.join(", "))
+    } else {
+        "connected to the controller agent, and OVS to this agent".to_string()
+    };
+    let details = serde_json::json!({
+        "ready": ready,
+        "role": "switch",
+        "switch": &*inner.identity,
+        "controller_agent": link.map(|l| l.conn.remote_address().to_string()),
+        "sessions": sessions,
+        "reason": why,
+    });
+    (ready, details)
+}
+
+/// Milliseconds since the Unix epoch, for file names.
+pub(crate) fn unix_millis() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
 }

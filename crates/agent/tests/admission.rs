@@ -39,7 +39,8 @@ async fn a_refused_switch_agent_keeps_ovs_waiting_and_gets_through_once_admitted
         &QuicOptions::default(),
         Arc::new(SessionStore::in_memory(16)),
     )
-    .unwrap();
+    .unwrap()
+    .0;
     let addr = busy.local_addr().unwrap();
     let refused = Arc::new(AtomicU64::new(0));
     let refuser = tokio::spawn({

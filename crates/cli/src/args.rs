@@ -67,6 +67,26 @@ pub enum Command {
     /// mutually-authenticated QUIC connection.
     #[command(subcommand)]
     Proxy(crate::proxy_args::ProxyCommand),
+    /// Check an agent's configuration file without starting it: every
+    /// setting, the services, and the certificate files (readable, matching,
+    /// not expired). Exit status 0 if the agent would start.
+    CheckConfig(CheckConfigArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CheckConfigArgs {
+    /// The TOML file (as given to --config).
+    pub file: PathBuf,
+    /// Which agent the file is for. [default: `switch` if it names a
+    /// `controller`, else `controller`]
+    #[arg(long, value_enum)]
+    pub role: Option<Role>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Switch,
+    Controller,
 }
 
 #[derive(Args, Debug)]
@@ -265,6 +285,16 @@ pub struct CommonArgs {
     /// A unix socket for `quicsdn control` (status, rebind), mode 0600.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Serve Prometheus metrics on http://IP:PORT/metrics and readiness on
+    /// /healthz (plain HTTP, no certificate needed: bind it to a management
+    /// address). [default: off]
+    #[arg(long, value_name = "IP:PORT")]
+    pub metrics: Option<SocketAddr>,
+    /// Write one qlog file per QUIC connection into DIR (JSON-SEQ `.sqlog`, as
+    /// qvis reads it), named by the switch's identity. Also the QLOGDIR
+    /// environment variable. For diagnosis: every packet is logged.
+    #[arg(long, value_name = "DIR", env = "QLOGDIR")]
+    pub qlog_dir: Option<PathBuf>,
     /// Turn 0-RTT resumption off. With it on (the default) a switch agent that
     /// holds a session ticket sends its hello and OVS's replay-safe first
     /// messages (HELLO, ECHO, FEATURES) with its first packets; everything else
@@ -379,6 +409,8 @@ pub struct FileConfig {
     pub max_message_size: Option<String>,
     pub local_connect_timeout: Option<String>,
     pub control: Option<PathBuf>,
+    pub metrics: Option<SocketAddr>,
+    pub qlog_dir: Option<PathBuf>,
     pub zero_rtt: Option<bool>,
     pub coalesce: Option<String>,
     pub ack_threshold: Option<u32>,
@@ -542,6 +574,11 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
             Duration::from_secs(5),
         )?,
         control: args.control.or(file.control.take()),
+        metrics: args.metrics.or(file.metrics.take()),
+        qlog: args
+            .qlog_dir
+            .or(file.qlog_dir.take())
+            .map(|dir| quicsdn_transport::quic::Qlog { dir }),
     })
 }
 

@@ -2,6 +2,8 @@
 
 mod args;
 mod proxy_args;
+mod check;
+mod systemd;
 mod units;
 
 use anyhow::Result;
@@ -47,6 +49,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Pki(cmd) => pki_command(cmd),
         Command::Control(args) => control_command(args),
+        Command::CheckConfig(args) => check::run(args),
         Command::Switch(args) => {
             let file = FileConfig::load(args.common.quic.config.as_deref())?;
             log_level(&file)?;
@@ -54,7 +57,9 @@ fn run(cli: Cli) -> Result<()> {
             if let AgentTransport::Udp(profile) = config.common.transport {
                 return runtime(cli.threads)?.block_on(async {
                     let agent = UdpSwitchAgent::start(config, profile).await?;
+                    systemd::ready("switch agent (udp)");
                     wait_for_signal().await?;
+                    systemd::stopping();
                     info!(switch = %agent.identity, "shutting down");
                     agent.shutdown().await;
                     Ok(())
@@ -62,7 +67,9 @@ fn run(cli: Cli) -> Result<()> {
             }
             runtime(cli.threads)?.block_on(async {
                 let agent = SwitchAgent::start(config).await?;
+                systemd::ready(&format!("switch agent {}", agent.identity()));
                 wait_for_signal().await?;
+                systemd::stopping();
                 info!(switch = %agent.identity(), "shutting down");
                 agent.shutdown().await;
                 Ok(())
@@ -78,7 +85,9 @@ fn run(cli: Cli) -> Result<()> {
             if let AgentTransport::Udp(profile) = config.common.transport {
                 return runtime(cli.threads)?.block_on(async {
                     let agent = UdpControllerAgent::start(config, profile).await?;
+                    systemd::ready("controller agent (udp)");
                     wait_for_signal().await?;
+                    systemd::stopping();
                     info!("shutting down");
                     agent.shutdown().await;
                     Ok(())
@@ -86,7 +95,9 @@ fn run(cli: Cli) -> Result<()> {
             }
             runtime(cli.threads)?.block_on(async {
                 let agent = ControllerAgent::start(config).await?;
+                systemd::ready(&format!("controller agent on {}", agent.local_addr()?));
                 wait_for_signal().await?;
+                systemd::stopping();
                 info!("shutting down");
                 agent.shutdown().await;
                 Ok(())

@@ -42,7 +42,7 @@ impl ProxyServer {
         let creds = Credentials::load(&config.tls)?;
         creds.warn_if_expiring();
         let sessions = Arc::new(SessionStore::in_memory(resumption::DEFAULT_CAPACITY));
-        let endpoint = quic::server_endpoint(config.listen, &creds, &config.quic, sessions)?;
+        let (endpoint, _) = quic::server_endpoint(config.listen, &creds, &config.quic, sessions)?;
         info!(
             listen = %endpoint.local_addr()?, identity = %creds.identity,
             forwards = %config.forwards.iter().map(|f| format!("{}={}", f.name, f.target)).collect::<Vec<_>>().join(" "),

@@ -14,6 +14,8 @@ use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 pub struct CertSummary {
     pub identity: String,
     pub not_after: OffsetDateTime,
+    /// The serial number, in hex as `openssl x509 -serial` prints it.
+    pub serial: String,
 }
 
 /// Reads a DER certificate's identity and expiry.
@@ -43,6 +45,7 @@ pub fn parse(der: &CertificateDer<'_>) -> Result<CertSummary, String> {
     Ok(CertSummary {
         identity,
         not_after: cert.validity().not_after.to_datetime(),
+        serial: cert.raw_serial_as_string().replace(':', "").to_uppercase(),
     })
 }
 

@@ -8,6 +8,7 @@ use quinn::{Endpoint, EndpointConfig, IdleTimeout, TransportConfig, VarInt};
 use quinn_proto::HashedConnectionIdGenerator;
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -142,7 +143,9 @@ impl Default for QuicOptions {
 /// handshakes, or a flow-mod storm, must not overflow the kernel's default 208 kB.
 const UDP_BUFFER: usize = 4 << 20;
 
-fn transport_config(opts: &QuicOptions) -> Result<TransportConfig, TlsError> {
+/// The transport settings of every connection (a qlog stream is added per
+/// connection, see [`Qlog`]).
+pub fn transport_config(opts: &QuicOptions) -> Result<TransportConfig, TlsError> {
     let mut t = TransportConfig::default();
     t.max_concurrent_bidi_streams(VarInt::from_u32(opts.max_streams))
         .max_concurrent_uni_streams(VarInt::from_u32(opts.max_streams))
@@ -202,26 +205,67 @@ pub enum EndpointError {
 /// controller agent during an outage; rustls' client cache keeps 8.
 pub const TICKETS_PER_CONNECTION: usize = 8;
 
+/// `--qlog-dir`: one qlog file per QUIC connection, in the JSON-SEQ format
+/// (`.sqlog`, draft-ietf-quic-qlog-main-schema) that qvis reads, written by
+/// quinn's own qlog support.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Qlog {
+    pub dir: PathBuf,
+}
+
+impl Qlog {
+    /// Opens `DIR/NAME.sqlog` and a qlog stream writing to it, line by line.
+    pub fn open(&self, name: &str, title: &str) -> io::Result<(quinn::QlogStream, PathBuf)> {
+        std::fs::create_dir_all(&self.dir)?;
+        let path = self.dir.join(format!("{name}.sqlog"));
+        let file = std::fs::File::create(&path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        let mut cfg = quinn::QlogConfig::default();
+        cfg.writer(Box::new(io::LineWriter::new(file)))
+            .title(Some(title.to_string()));
+        let stream = cfg.into_stream().ok_or_else(|| {
+            io::Error::other(format!("{}: cannot start the qlog", path.display()))
+        })?;
+        Ok((stream, path))
+    }
+
+    /// `opts`' transport settings with a qlog stream to `DIR/NAME.sqlog`.
+    pub fn transport(
+        &self,
+        opts: &QuicOptions,
+        name: &str,
+        title: &str,
+    ) -> Result<(Arc<TransportConfig>, PathBuf), EndpointError> {
+        let (stream, path) = self.open(name, title)?;
+        let mut t = transport_config(opts)?;
+        t.qlog_stream(Some(stream));
+        Ok((Arc::new(t), path))
+    }
+}
+
+/// A file-name-safe form of an identity or address.
+pub fn file_stem(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 /// The controller agent's endpoint: accepts connections from switch agents,
-/// resuming their TLS sessions from `sessions`.
+/// resuming their TLS sessions from `sessions`. Also returns the server
+/// configuration, for connections accepted with settings of their own (qlog).
 pub fn server_endpoint(
     listen: SocketAddr,
     creds: &Credentials,
     opts: &QuicOptions,
     sessions: Arc<SessionStore>,
-) -> Result<Endpoint, EndpointError> {
-    let mut tls = creds.server_config_for(opts.application)?;
-    tls.session_storage = sessions;
-    tls.send_tls13_tickets = TICKETS_PER_CONNECTION;
-    if opts.zero_rtt {
-        // RFC 9001 §4.6.1: "the max_early_data_size parameter is repurposed to
-        // hold a sentinel value 0xffffffff to indicate that the server is willing
-        // to accept QUIC 0-RTT data".
-        tls.max_early_data_size = u32::MAX;
-    }
-    let crypto = QuicServerConfig::try_from(tls).map_err(|e| TlsError::Config(e.to_string()))?;
-    let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    server.transport_config(Arc::new(transport_config(opts)?));
+) -> Result<(Endpoint, quinn::ServerConfig), EndpointError> {
+    let server = server_config(creds, opts, sessions)?;
     let socket = udp_socket(listen)?;
     let keys = RestartStableKeys::new(creds, listen);
     let mut config = EndpointConfig::new(keys.stateless_reset());
@@ -235,7 +279,29 @@ pub fn server_endpoint(
     // it" (quinn does), so it amplifies nothing, and only a packet whose
     // connection ID passes the keyed check below earns one.
     config.min_reset_interval(Duration::ZERO);
-    Ok(Endpoint::new(config, Some(server), socket, runtime()?)?)
+    let endpoint = Endpoint::new(config, Some(server.clone()), socket, runtime()?)?;
+    Ok((endpoint, server))
+}
+
+/// The controller agent's server configuration (TLS and transport).
+pub fn server_config(
+    creds: &Credentials,
+    opts: &QuicOptions,
+    sessions: Arc<SessionStore>,
+) -> Result<quinn::ServerConfig, EndpointError> {
+    let mut tls = creds.server_config_for(opts.application)?;
+    tls.session_storage = sessions;
+    tls.send_tls13_tickets = TICKETS_PER_CONNECTION;
+    if opts.zero_rtt {
+        // RFC 9001 §4.6.1: "the max_early_data_size parameter is repurposed to
+        // hold a sentinel value 0xffffffff to indicate that the server is willing
+        // to accept QUIC 0-RTT data".
+        tls.max_early_data_size = u32::MAX;
+    }
+    let crypto = QuicServerConfig::try_from(tls).map_err(|e| TlsError::Config(e.to_string()))?;
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    server.transport_config(Arc::new(transport_config(opts)?));
+    Ok(server)
 }
 
 /// The controller agent's keys that must outlive it, so that an agent

@@ -79,9 +79,56 @@ pub enum TlsError {
     Config(String),
 }
 
+/// Why this agent's verifier refused a peer's certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertRejection {
+    /// It does not chain to the CA.
+    UnknownIssuer,
+    /// It has expired or is not valid yet.
+    Expired,
+    /// (Switch agent) it does not carry `--server-name`.
+    WrongName,
+    /// None was presented.
+    NoCertificate,
+    /// Anything else: signature, usage, revocation.
+    Other,
+}
+
+impl CertRejection {
+    /// Classifies a rustls verification error.
+    pub fn of(e: &rustls::Error) -> CertRejection {
+        use rustls::CertificateError as C;
+        match e {
+            rustls::Error::InvalidCertificate(c) => match c {
+                C::UnknownIssuer => CertRejection::UnknownIssuer,
+                C::Expired
+                | C::ExpiredContext { .. }
+                | C::NotValidYet
+                | C::NotValidYetContext { .. } => CertRejection::Expired,
+                C::NotValidForName | C::NotValidForNameContext { .. } => CertRejection::WrongName,
+                _ => CertRejection::Other,
+            },
+            rustls::Error::NoCertificatesPresented => CertRejection::NoCertificate,
+            _ => CertRejection::Other,
+        }
+    }
+}
+
+/// Told of every certificate this agent's verifier refuses (the metrics).
+#[derive(Clone)]
+pub struct RejectionHook(pub Arc<dyn Fn(CertRejection) + Send + Sync>);
+
+impl std::fmt::Debug for RejectionHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RejectionHook")
+    }
+}
+
 /// Loaded credentials: the roots to verify peers with, and this agent's identity.
 #[derive(Debug, Clone)]
 pub struct Credentials {
+    /// Told of refused peer certificates.
+    pub on_reject: Option<RejectionHook>,
     files: TlsFiles,
     roots: Arc<RootCertStore>,
     chain: Vec<CertificateDer<'static>>,
@@ -90,6 +137,10 @@ pub struct Credentials {
     pub identity: String,
     /// When this agent's own certificate expires.
     pub not_after: OffsetDateTime,
+    /// This agent's certificate's serial number (hex).
+    pub serial: String,
+    /// When the first certificate of the CA file expires.
+    pub ca_not_after: OffsetDateTime,
 }
 
 fn provider() -> Arc<CryptoProvider> {
@@ -121,6 +172,10 @@ impl Credentials {
     /// must match.
     pub fn load(files: &TlsFiles) -> Result<Credentials, TlsError> {
         let ca = read_certs("CA file", &files.ca)?;
+        let ca_summary = crate::identity::parse(&ca[0]).map_err(|reason| TlsError::BadCa {
+            path: files.ca.clone(),
+            reason,
+        })?;
         let mut roots = RootCertStore::empty();
         for cert in ca {
             roots.add(cert).map_err(|e| TlsError::BadCa {
@@ -154,12 +209,15 @@ impl Credentials {
             reason,
         })?;
         Ok(Credentials {
+            on_reject: None,
             files: files.clone(),
             roots: Arc::new(roots),
             chain,
             key: Arc::new(key),
             identity: leaf.identity,
             not_after: leaf.not_after,
+            serial: leaf.serial,
+            ca_not_after: ca_summary.not_after,
         })
     }
 
@@ -202,6 +260,7 @@ impl Credentials {
             .with_client_cert_verifier(Arc::new(LoggingClientVerifier {
                 inner: verifier,
                 role: app.client,
+                hook: self.on_reject.clone(),
             }))
             .with_single_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|e| TlsError::Config(e.to_string()))?;
@@ -229,6 +288,7 @@ impl Credentials {
             .with_custom_certificate_verifier(Arc::new(LoggingServerVerifier {
                 inner,
                 role: app.server,
+                hook: self.on_reject.clone(),
             }))
             .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|e| TlsError::Config(e.to_string()))?;
@@ -249,6 +309,7 @@ fn claimed_identity(cert: &CertificateDer<'_>) -> String {
 struct LoggingClientVerifier {
     inner: Arc<dyn ClientCertVerifier>,
     role: &'static str,
+    hook: Option<RejectionHook>,
 }
 
 impl ClientCertVerifier for LoggingClientVerifier {
@@ -274,6 +335,9 @@ impl ClientCertVerifier for LoggingClientVerifier {
             .verify_client_cert(end_entity, intermediates, now)
             .inspect_err(|e| {
                 warn!(peer = %claimed_identity(end_entity), "rejected the {}'s certificate: {e}", self.role);
+                if let Some(h) = &self.hook {
+                    (h.0)(CertRejection::of(e));
+                }
             })
     }
 
@@ -305,6 +369,7 @@ impl ClientCertVerifier for LoggingClientVerifier {
 struct LoggingServerVerifier {
     inner: Arc<WebPkiServerVerifier>,
     role: &'static str,
+    hook: Option<RejectionHook>,
 }
 
 impl ServerCertVerifier for LoggingServerVerifier {
@@ -325,6 +390,9 @@ impl ServerCertVerifier for LoggingServerVerifier {
                     "rejected the {}'s certificate: {e}",
                     self.role
                 );
+                if let Some(h) = &self.hook {
+                    (h.0)(CertRejection::of(e));
+                }
             })
     }
 

@@ -6,6 +6,8 @@
 //! at a time (2-core machines).
 #![allow(dead_code)]
 
+pub mod osken_bed;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};

@@ -1,0 +1,197 @@
+//! The agents' metrics on loopback: what crosses is counted by type, size and
+//! direction on both agents, `/healthz` follows the real path, malformed input
+//! and refused certificates are counted by origin and reason.
+
+mod support;
+
+use quicsdn_wire::openflow::build::{self, FlowMod, msg_type};
+use std::net::SocketAddr;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One sample's value from the OpenMetrics text, by name and exact labels
+/// (`name{a="x",b="y"}`); 0 when absent, as Prometheus treats a missing series
+/// in a sum. The e2e test parses with a real parser (lab/tests/ops_e2e.rs).
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// `GET path` on an agent's metrics endpoint: status and body.
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out.split_once("\r\n\r\n").unwrap().1.to_string();
+    (status, body)
+}
+
+/// Scrapes until `series` reaches `value` (within [`PATIENCE`]); the text.
+async fn eventually(addr: SocketAddr, series: &str, value: f64) -> String {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let (_, text) = get(addr, "/metrics").await;
+        if sample(&text, series) >= value {
+            return text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{series} never reached {value}:\n{text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn metrics_count_what_crosses_and_healthz_follows_the_path() {
+    let setup = OneService::start("openflow", |c, s| {
+        c.common.metrics = Some("127.0.0.1:0".parse().unwrap());
+        s.common.metrics = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let sw_http = setup.agent.metrics_addr().unwrap();
+    let ctl_http = setup.controller.metrics_addr().unwrap();
+
+    // Connected to the controller agent, but OVS has no session yet.
+    let (status, body) = get(sw_http, "/healthz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("OVS has no session open on: openflow"),
+        "{body}"
+    );
+
+    let (ovs, ctl) = setup.connect().await;
+    let hello = build::hello(1);
+    let flow_mod = build::flow_mod(7, &FlowMod::add(10, vec![], vec![]));
+    let up = vec![
+        hello.clone(),
+        build::echo_request(2, b"ping"),
+        hello.clone(),
+    ];
+    let down = vec![hello.clone(), flow_mod.clone(), flow_mod.clone()];
+    let (mut ovs_r, mut ovs_w) = ovs.into_split();
+    let (mut ctl_r, mut ctl_w) = ctl.into_split();
+    send_all(&mut ovs_w, &up).await;
+    send_all(&mut ctl_w, &down).await;
+    read_exact_len(&mut ctl_r, up.iter().map(Vec::len).sum()).await;
+    read_exact_len(&mut ovs_r, down.iter().map(Vec::len).sum()).await;
+
+    let (status, body) = get(sw_http, "/healthz").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = get(ctl_http, "/healthz").await;
+    assert_eq!(status, 200, "{body}");
+
+    let up_bytes = up.iter().map(Vec::len).sum::<usize>() as f64;
+    let down_bytes = down.iter().map(Vec::len).sum::<usize>() as f64;
+    for addr in [sw_http, ctl_http] {
+        let (status, text) = get(addr, "/metrics").await;
+        assert_eq!(status, 200);
+        assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
+        let to_ctl = r#"switch="sw1",service="openflow",direction="to_controller""#;
+        let to_sw = r#"switch="sw1",service="openflow",direction="to_switch""#;
+        let m = |series: String| sample(&text, &series);
+        assert_eq!(
+            m(format!("quicsdn_messages_total{{{to_ctl}}}")),
+            3.0,
+            "{text}"
+        );
+        assert_eq!(
+            m(format!("quicsdn_messages_total{{{to_sw}}}")),
+            3.0,
+            "{text}"
+        );
+        assert_eq!(
+            m(format!("quicsdn_payload_bytes_total{{{to_ctl}}}")),
+            up_bytes
+        );
+        assert_eq!(
+            m(format!("quicsdn_payload_bytes_total{{{to_sw}}}")),
+            down_bytes
+        );
+        let of = |dir: &str, t: &str| {
+            m(format!(
+                "quicsdn_openflow_messages_total{{{dir},type=\"{t}\"}}"
+            ))
+        };
+        assert_eq!(of(to_ctl, "HELLO"), 2.0, "{text}");
+        assert_eq!(of(to_ctl, "ECHO_REQUEST"), 1.0, "{text}");
+        assert_eq!(of(to_sw, "FLOW_MOD"), 2.0, "{text}");
+        assert_eq!(of(to_sw, "HELLO"), 1.0, "{text}");
+        assert_eq!(
+            m(r#"quicsdn_sessions{switch="sw1",service="openflow"}"#.into()),
+            1.0
+        );
+        assert_eq!(
+            m(r#"quicsdn_connected{switch="sw1"}"#.into()),
+            1.0,
+            "{text}"
+        );
+        assert_eq!(
+            m(r#"quicsdn_connects_total{switch="sw1",handshake="full"}"#.into()),
+            1.0,
+            "{text}"
+        );
+        assert!(
+            m(r#"quicsdn_quic_rtt_seconds{switch="sw1"}"#.into()) > 0.0,
+            "{text}"
+        );
+        assert!(m(r#"quicsdn_quic_sent_packets_total{switch="sw1"}"#.into()) > 0.0);
+        assert!(
+            m(r#"quicsdn_certificate_expiry_timestamp_seconds{certificate="own"}"#.into()) > 1.7e9
+        );
+        assert!(m("process_resident_memory_bytes".into()) > 0.0, "{text}");
+        assert!(text.contains("process_cpu_seconds_total "), "{text}");
+    }
+
+    // A malformed message from OVS (OpenFlow length 4) closes its session; the
+    // switch agent counts it as its local peer's.
+    ovs_w
+        .write_all(&[4, msg_type::HELLO, 0, 4, 0, 0, 0, 9])
+        .await
+        .unwrap();
+    assert_eq!(read_to_close(&mut ctl_r).await.unwrap(), b"");
+    let mal = |origin: &str| {
+        format!(
+            "quicsdn_malformed_closes_total{{switch=\"sw1\",service=\"openflow\",origin=\"{origin}\"}}"
+        )
+    };
+    let (_, text) = get(sw_http, "/metrics").await;
+    assert_eq!(sample(&text, &mal("local")), 1.0, "{text}");
+    assert_eq!(
+        sample(
+            &text,
+            r#"quicsdn_sessions{switch="sw1",service="openflow"}"#
+        ),
+        0.0
+    );
+
+    // A switch whose certificate claims our CA (same name) but was signed by
+    // another key is refused, and counted by reason under no switch label.
+    let stranger = Pki::new();
+    let mut tls = stranger.issue("intruder");
+    tls.ca = setup.pki.files("ctl").ca;
+    let mut cfg = switch_config(
+        tls,
+        setup.controller.local_addr().unwrap(),
+        &["openflow=ptcp:0".to_string()],
+    );
+    cfg.server_name = "ctl".into();
+    let intruder = quicsdn_agent::SwitchAgent::start(cfg).await.unwrap();
+    let refused = r#"quicsdn_handshake_refusals_total{reason="bad_certificate"}"#;
+
+    let text = eventually(ctl_http, refused, 1.0).await;
+    assert!(
+        !text.contains("intruder"),
+        "no series for a refused name: {text}"
+    );
+    intruder.shutdown().await;
+    let (status, _) = get(sw_http, "/nothing").await;
+    assert_eq!(status, 404);
+    setup.shutdown().await;
+}

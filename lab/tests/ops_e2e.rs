@@ -1,0 +1,291 @@
+//! Operating the agents with real parts: Open vSwitch 3.1 with two hosts, the
+//! os-ken L2 learning app and both agents with `--metrics`. Each agent's
+//! `/metrics` is scraped from inside its namespace and parsed by the Python
+//! `prometheus_client` parsers (OpenMetrics and the classic text format,
+//! Debian's python3-prometheus-client); the counters move as predicted by
+//! what the test does: pings (packet-ins, flow-mods), a controller-agent
+//! restart (one reconnect), a rebind (one migration). Needs root.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::osken_bed::{Bed, PATIENCE};
+use common::*;
+use quicsdn_lab::netns::Netns;
+use quicsdn_lab::wait::poll_until;
+
+const PREFIX: &str = "q16m";
+/// Both agents serve metrics on this port of their own namespace's loopback.
+const METRICS_PORT: u16 = 41600;
+
+/// Fetches an agent's `/metrics` and `/healthz` inside namespace `ns` and
+/// parses them with the real parsers; prints JSON.
+const SCRAPE: &str = r#"
+import json, sys, urllib.request, urllib.error
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics
+from prometheus_client.parser import text_string_to_metric_families as classic
+base = sys.argv[1]
+req = urllib.request.Request(base + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+with urllib.request.urlopen(req, timeout=10) as r:
+    ctype = r.headers["Content-Type"]
+    text = r.read().decode()
+assert ctype.startswith("application/openmetrics-text"), ctype
+samples = {}
+for family in openmetrics(text):
+    for s in family.samples:
+        labels = ",".join('%s="%s"' % kv for kv in sorted(s.labels.items()))
+        samples["%s{%s}" % (s.name, labels)] = s.value
+with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+    classic_samples = sum(len(f.samples) for f in classic(r.read().decode()))
+try:
+    with urllib.request.urlopen(base + "/healthz", timeout=10) as r:
+        health = r.status
+except urllib.error.HTTPError as e:
+    health = e.code
+print(json.dumps({"samples": samples, "classic_samples": classic_samples, "healthz": health}))
+"#;
+
+/// One scrape, parsed.
+struct Scrape {
+    samples: HashMap<String, f64>,
+    classic_samples: usize,
+    healthz: u16,
+}
+
+impl Scrape {
+    /// A sample by name and labels (in any order); 0 if absent.
+    fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let mut l: Vec<_> = labels.to_vec();
+        l.sort();
+        let labels: Vec<String> = l.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+        let key = format!("{name}{{{}}}", labels.join(","));
+        self.samples.get(&key).copied().unwrap_or(0.0)
+    }
+
+    /// The sum of every sample of `name` whose labels include `labels`.
+    fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.samples
+            .iter()
+            .filter(|(k, _)| {
+                k.split_once('{').is_some_and(|(n, rest)| {
+                    n == name
+                        && labels
+                            .iter()
+                            .all(|(lk, lv)| rest.contains(&format!("{lk}=\"{lv}\"")))
+                })
+            })
+            .map(|(_, v)| v)
+            .sum()
+    }
+}
+
+fn scrape(ns: &str) -> Scrape {
+    let out = Netns::named(ns)
+        .exec(&[
+            "/usr/bin/python3",
+            "-c",
+            SCRAPE,
+            &format!("http://127.0.0.1:{METRICS_PORT}"),
+        ])
+        .unwrap_or_else(|e| panic!("scraping the agent in {ns}: {e:#}"));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    Scrape {
+        samples: serde_json::from_value(v["samples"].clone()).unwrap(),
+        classic_samples: v["classic_samples"].as_u64().unwrap() as usize,
+        healthz: v["healthz"].as_u64().unwrap() as u16,
+    }
+}
+
+fn sw_ns() -> String {
+    format!("{PREFIX}-sw1")
+}
+
+fn ctl_ns() -> String {
+    format!("{PREFIX}-ctl")
+}
+
+const SW: (&str, &str) = ("switch", "sw1");
+const OF: (&str, &str) = ("service", "openflow");
+const TO_CTL: (&str, &str) = ("direction", "to_controller");
+const TO_SW: (&str, &str) = ("direction", "to_switch");
+
+/// Waits until `f` holds for a fresh scrape of the agent in `ns`.
+fn until(ns: &str, what: &str, f: impl Fn(&Scrape) -> bool) -> Scrape {
+    poll_until(what, PATIENCE, || {
+        let s = scrape(ns);
+        Ok(f(&s).then_some(s))
+    })
+    .unwrap_or_else(|e| {
+        let s = scrape(ns);
+        let mut keys: Vec<_> = s.samples.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        keys.sort();
+        panic!("{e:#}\n{}", keys.join("\n"))
+    })
+}
+
+#[test]
+fn metrics_of_real_ovs_and_os_ken_parse_and_move_as_predicted() {
+    let _s = serial();
+    require_root();
+    let metrics = format!("--metrics=127.0.0.1:{METRICS_PORT}");
+    let mut bed = Bed::up(PREFIX, Duration::from_millis(5), &[&metrics]);
+    bed.ping_ok();
+
+    // Both agents: connected, OpenFlow counted by type, both parsers agree
+    // there is something to parse, the path is ready.
+    let sw = until(&sw_ns(), "the switch agent ready", |s| s.healthz == 200);
+    let ctl = until(&ctl_ns(), "the controller agent ready", |s| {
+        s.healthz == 200
+    });
+    for s in [&sw, &ctl] {
+        assert!(s.classic_samples > 20, "{}", s.classic_samples);
+        assert_eq!(s.get("quicsdn_connected", &[SW]), 1.0);
+        assert_eq!(s.get("quicsdn_sessions", &[SW, OF]), 1.0);
+        assert!(
+            s.get(
+                "quicsdn_openflow_messages_total",
+                &[SW, OF, TO_CTL, ("type", "PACKET_IN")]
+            ) >= 1.0
+        );
+        assert!(
+            s.get(
+                "quicsdn_openflow_messages_total",
+                &[SW, OF, TO_SW, ("type", "FLOW_MOD")]
+            ) >= 1.0
+        );
+        assert!(
+            s.get(
+                "quicsdn_openflow_messages_total",
+                &[SW, OF, TO_CTL, ("type", "FEATURES_REPLY")]
+            ) == 1.0
+        );
+        assert!(
+            s.get("quicsdn_quic_rtt_seconds", &[SW]) >= 0.010,
+            "two 5 ms hops each way"
+        );
+        assert!(
+            s.get(
+                "quicsdn_certificate_expiry_timestamp_seconds",
+                &[("certificate", "own")]
+            ) > 1.7e9
+        );
+        assert!(s.get("process_resident_memory_bytes", &[]) > 1e6);
+        assert!(s.samples.contains_key("process_cpu_seconds_total{}"));
+    }
+
+    // Messages and bytes: what the switch agent sent towards the controller
+    // is what the controller agent delivered, message for message, and the
+    // bytes are those of the messages (idle traffic is OVS's echo, which
+    // both count alike; compare once they agree).
+    let total = |s: &Scrape, dir| {
+        (
+            s.get("quicsdn_messages_total", &[SW, OF, dir]),
+            s.get("quicsdn_payload_bytes_total", &[SW, OF, dir]),
+        )
+    };
+    poll_until("both agents to agree on what crossed", PATIENCE, || {
+        let (sw, ctl) = (scrape(&sw_ns()), scrape(&ctl_ns()));
+        Ok(
+            (total(&sw, TO_CTL) == total(&ctl, TO_CTL) && total(&sw, TO_SW) == total(&ctl, TO_SW))
+                .then_some(()),
+        )
+    })
+    .unwrap();
+
+    // More pings through fresh flows: more packet-ins and flow-mods, more
+    // messages and bytes, on both agents.
+    let before = scrape(&sw_ns());
+    bed.forget_learned_flows();
+    bed.ping_through_fresh_flows();
+    let after = until(&sw_ns(), "the new packet-ins counted", |s| {
+        s.get(
+            "quicsdn_openflow_messages_total",
+            &[SW, OF, TO_SW, ("type", "FLOW_MOD")],
+        ) > before.get(
+            "quicsdn_openflow_messages_total",
+            &[SW, OF, TO_SW, ("type", "FLOW_MOD")],
+        )
+    });
+    for dir in [TO_CTL, TO_SW] {
+        let (m0, b0) = total(&before, dir);
+        let (m1, b1) = total(&after, dir);
+        assert!(
+            m1 > m0 && b1 >= b0 + 8.0 * (m1 - m0),
+            "{dir:?}: {m0}/{b0} -> {m1}/{b1}"
+        );
+    }
+    assert!(
+        after.get(
+            "quicsdn_openflow_messages_total",
+            &[SW, OF, TO_CTL, ("type", "PACKET_IN")]
+        ) > before.get(
+            "quicsdn_openflow_messages_total",
+            &[SW, OF, TO_CTL, ("type", "PACKET_IN")]
+        )
+    );
+    assert_eq!(after.sum("quicsdn_connects_total", &[SW]), 1.0);
+    assert_eq!(after.sum("quicsdn_disconnects_total", &[SW]), 0.0);
+
+    // A controller-agent restart: the switch agent counts one disconnect (the
+    // agent closed it on its way down) and one more connect; OVS's session
+    // starts again on the new connection.
+    bed.controller_agent
+        .take()
+        .unwrap()
+        .terminate(PATIENCE)
+        .unwrap();
+    bed.start_controller_agent(2);
+    let sw = until(&sw_ns(), "the switch agent back", |s| {
+        s.sum("quicsdn_connects_total", &[SW]) == 2.0 && s.healthz == 200
+    });
+    assert_eq!(
+        sw.get(
+            "quicsdn_disconnects_total",
+            &[SW, ("reason", "closed_by_peer")]
+        ),
+        1.0
+    );
+    assert_eq!(sw.sum("quicsdn_disconnects_total", &[SW]), 1.0);
+    assert_eq!(sw.get("quicsdn_connected", &[SW]), 1.0);
+    assert_eq!(sw.get("quicsdn_sessions_opened_total", &[SW, OF]), 2.0);
+    // The new controller agent counts from zero: one connection, OVS's new
+    // session, and its handshake (FEATURES_REPLY once more).
+    let features = [SW, OF, TO_CTL, ("type", "FEATURES_REPLY")];
+    let ctl = until(&ctl_ns(), "the new controller agent's session", |s| {
+        s.healthz == 200 && s.get("quicsdn_openflow_messages_total", &features) == 1.0
+    });
+    assert_eq!(ctl.sum("quicsdn_connects_total", &[SW]), 1.0);
+
+    // A rebind (what a NAT rebinding does): the connection migrates; the
+    // switch agent counts its move, the controller agent the new address.
+    let sock = bed.switch_control();
+    let answer = Netns::named(sw_ns())
+        .exec(&[
+            quicsdn_lab::agents::quicsdn_binary()
+                .unwrap()
+                .to_str()
+                .unwrap(),
+            "control",
+            "--socket",
+            sock.to_str().unwrap(),
+            "rebind",
+        ])
+        .unwrap();
+    assert!(answer.contains("local_addr"), "{answer}");
+    until(&sw_ns(), "the switch agent's migration", |s| {
+        s.get("quicsdn_migrations_total", &[SW]) == 1.0
+    });
+    // Traffic makes the move visible to the controller agent.
+    bed.ping_ok();
+    let ctl = until(&ctl_ns(), "the controller agent's migration", |s| {
+        s.get("quicsdn_migrations_total", &[SW]) == 1.0
+    });
+    assert_eq!(
+        ctl.sum("quicsdn_connects_total", &[SW]),
+        1.0,
+        "no reconnect"
+    );
+    assert_eq!(ctl.sum("quicsdn_handshake_refusals_total", &[]), 0.0);
+}

@@ -70,7 +70,8 @@ impl ControllerAgent {
             })?,
             None => SessionStore::in_memory(resumption::DEFAULT_CAPACITY),
         });
-        let endpoint = quic::server_endpoint(config.listen, &creds, &config.common.quic, sessions)?;
+        let quic = services.quic_options(&config.common);
+        let endpoint = quic::server_endpoint(config.listen, &creds, &quic, sessions)?;
         info!(
             listen = %endpoint.local_addr()?, identity = %creds.identity, services = %services.names(),
             max_handshakes = config.max_handshakes,

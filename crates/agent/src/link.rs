@@ -323,6 +323,24 @@ impl Link {
         for problem in self.services.compare(theirs) {
             warn!(switch = %self.switch, "{problem}");
         }
+        // Our stream limits fit our own mode; sessions the peer opens follow
+        // its mode, which may need more lanes. Until now they waited for
+        // credit (RFC 9000 §4.6: MAX_STREAMS), which never fails a session.
+        match theirs.streams.parse::<StreamMode>() {
+            Ok(mode) => {
+                let (ours, needed) = (
+                    self.services.stream_limits(self.mode),
+                    self.services.stream_limits(mode),
+                );
+                if needed.uni > ours.uni {
+                    self.conn
+                        .set_max_concurrent_uni_streams(VarInt::from_u32(needed.uni));
+                }
+            }
+            Err(e) => {
+                warn!(switch = %self.switch, "the peer's hello names an unknown stream mode: {e}")
+            }
+        }
     }
 
     async fn incoming(self: Arc<Self>, mut send: SendStream, mut recv: RecvStream) {

@@ -672,7 +672,7 @@ impl OutPump {
             };
             or_abort(&mut self.abort, until_due(rd.read_buf(staging))).await
         } else {
-            let mut buf = BytesMut::with_capacity(quicsdn_lanes::READ_CHUNK);
+            let mut buf = BytesMut::with_capacity(quicsdn_lanes::MIN_READ_CHUNK);
             let r = or_abort(&mut self.abort, until_due(rd.read_buf(&mut buf))).await;
             self.ingest(&buf);
             r
@@ -681,7 +681,13 @@ impl OutPump {
             Err(_) => Err(End::Aborted),
             Ok(None) => Ok(None),
             Ok(Some(Err(e))) => Err(End::LocalIo(e)),
-            Ok(Some(Ok(n))) => Ok(Some(n)),
+            Ok(Some(Ok(n))) => {
+                match &mut self.coalescer {
+                    Some(c) => c.read_done(n),
+                    None => self.outbound.read_done(n),
+                }
+                Ok(Some(n))
+            }
         }
     }
 

@@ -427,9 +427,19 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
 /// is sent on it before it has proved it serves us) and returns the
 /// connection once it answers.
 async fn probe_first(inner: &Arc<Inner>) -> Arc<Link> {
+    let interval = inner.config.failback_interval;
+    // A probe of an agent that is still down waits no longer than the
+    // interval (at least a second, for long paths), so one that comes back is
+    // noticed within about two intervals.
+    let limit = interval
+        .max(Duration::from_secs(1))
+        .min(inner.config.common.quic.idle_timeout);
     loop {
-        tokio::time::sleep(inner.config.failback_interval).await;
-        match connect_once(inner, 0, true).await {
+        tokio::time::sleep(interval).await;
+        let attempt = tokio::time::timeout(limit, connect_once(inner, 0, true))
+            .await
+            .unwrap_or_else(|_| Err(Attempt::Failed(format!("no answer within {limit:?}"))));
+        match attempt {
             Ok(link) => return link,
             Err(Attempt::Refused) => {
                 debug!(switch = %inner.identity, "the first controller agent is busy; staying")

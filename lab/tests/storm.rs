@@ -88,7 +88,11 @@ fn storm_quick_every_switch_comes_back_and_handshakes_once_per_restart() {
             col(&steady, r, "config")
         );
         assert!(per_conn > 0.0 && per_conn < 256.0, "{r:?}");
-        assert!(common::num(&steady, r, "switch_agent_rss_kib") > 0, "{r:?}");
+        let (rss, anon) = (
+            common::num(&steady, r, "switch_agent_rss_kib"),
+            common::num(&steady, r, "switch_agent_anon_kib"),
+        );
+        assert!(rss > 0 && anon > 0 && anon <= rss, "{r:?}");
     }
     let md = std::fs::read_to_string(dir.path().join("storm.md")).unwrap();
     for c in &configs {

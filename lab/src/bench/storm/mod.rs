@@ -243,8 +243,11 @@ pub struct Steady {
     /// ones reuse memory the allocator kept from the previous one.
     pub host_kib_per_switch: f64,
     /// RSS of the one switch agent that runs as its own `quicsdn switch`
-    /// process (the last switch), KiB, idle and connected.
+    /// process (the last switch), KiB, idle and connected; and the part of
+    /// it that is its own (anonymous) memory, not the binary's and libc's
+    /// code pages, which every process running them shares.
     pub switch_rss: u64,
+    pub switch_anon: u64,
 }
 
 pub const RESTARTS_CSV: &[&str] = &[
@@ -284,6 +287,7 @@ pub const STEADY_CSV: &[&str] = &[
     "ctl_idle_cpu_pct",
     "host_kib_per_switch",
     "switch_agent_rss_kib",
+    "switch_agent_anon_kib",
 ];
 
 /// Connections must be older than this before a restart: the switch agent
@@ -662,15 +666,17 @@ impl Bench {
             ctl_idle_cpu_pct: 100.0 * (c1 - c0) / window.as_secs_f64(),
             host_kib_per_switch: host_rss.saturating_sub(host_rss0) as f64 / n as f64,
             switch_rss: procs::status_kib(switch_proc.pid, "VmRSS").unwrap_or(0),
+            switch_anon: procs::status_kib(switch_proc.pid, "RssAnon").unwrap_or(0),
         };
         println!(
             "idle: controller agent {:.1} MiB with {n} connections ({:.1} MiB empty, {:.1} KiB per connection), {:.1} % CPU; \
-             a switch agent process {:.2} MiB",
+             a switch agent process {:.2} MiB ({:.2} MiB its own)",
             ctl_rss_full as f64 / 1024.0,
             ctl_rss_empty as f64 / 1024.0,
             (ctl_rss_full.saturating_sub(ctl_rss_empty)) as f64 / n as f64,
             steady.ctl_idle_cpu_pct,
             steady.switch_rss as f64 / 1024.0,
+            steady.switch_anon as f64 / 1024.0,
         );
         let mut restarts = Vec::new();
         let mut starts = Vec::new();
@@ -932,6 +938,7 @@ fn write_results(dir: &Path, steadies: &[Steady], restarts: &[Restart], stop: St
             format!("{:.2}", s.ctl_idle_cpu_pct),
             format!("{:.1}", s.host_kib_per_switch),
             s.switch_rss.to_string(),
+            s.switch_anon.to_string(),
         ]);
     }
     rc.write(&dir.join("restarts.csv"))?;
@@ -981,6 +988,7 @@ fn write_results(dir: &Path, steadies: &[Steady], restarts: &[Restart], stop: St
                 format!("{:.2}", s.ctl_idle_cpu_pct),
                 format!("{:.1}", s.host_kib_per_switch),
                 format!("{:.2}", s.switch_rss as f64 / 1024.0),
+                format!("{:.2}", s.switch_anon as f64 / 1024.0),
             ]
         })
         .collect();
@@ -993,6 +1001,7 @@ fn write_results(dir: &Path, steadies: &[Steady], restarts: &[Restart], stop: St
             "ctl idle CPU (%)",
             "bench process KiB per switch (first config only)",
             "switch agent process RSS (MiB)",
+            "of which its own (MiB)",
         ],
         &rows,
     );

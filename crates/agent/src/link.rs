@@ -32,7 +32,7 @@ type SessionKey = (bool, u64);
 /// session stream.
 #[derive(Default)]
 struct Routes {
-    sessions: HashMap<SessionKey, mpsc::UnboundedSender<IncomingLane>>,
+    sessions: HashMap<SessionKey, mpsc::UnboundedSender<Box<IncomingLane>>>,
     early: HashMap<u64, Vec<IncomingLane>>,
 }
 
@@ -156,12 +156,12 @@ impl Link {
     }
 
     /// Registers a session's route; the returned guard removes it.
-    fn route(&self, key: SessionKey) -> (Route<'_>, mpsc::UnboundedReceiver<IncomingLane>) {
+    fn route(&self, key: SessionKey) -> (Route<'_>, mpsc::UnboundedReceiver<Box<IncomingLane>>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut routes = self.routes();
         if !key.0 {
             for lane in routes.early.remove(&key.1).unwrap_or_default() {
-                let _ = tx.send(lane);
+                let _ = tx.send(Box::new(lane));
             }
         }
         routes.sessions.insert(key, tx);
@@ -474,11 +474,11 @@ impl Link {
             let _ = recv.stop(VarInt::from_u32(code::BAD_PREAMBLE));
             return;
         };
-        let lane = IncomingLane {
+        let lane = Box::new(IncomingLane {
             lane: p.lane as usize,
             recv,
             initial,
-        };
+        });
         // The peer's "opened by the sender" means opened by the peer, not by us.
         let key = (!p.opened_by_sender, p.session);
         let mut routes = self.routes();
@@ -495,7 +495,7 @@ impl Link {
             let _ = recv.stop(VarInt::from_u32(code::LOCAL_ABORT));
             return;
         }
-        routes.early.entry(p.session).or_default().push(lane);
+        routes.early.entry(p.session).or_default().push(*lane);
         drop(routes);
         tokio::spawn(self.clone().expire_early(p.session));
     }

@@ -25,6 +25,11 @@ pub const OVS_FAIL_TIMEOUT: Duration = Duration::from_secs(15);
 /// database run to megabytes; anything near this is a runaway peer.
 pub const DEFAULT_JSONRPC_MAX: usize = 64 << 20;
 
+/// Sessions one connection carries at once by default: a switch has one
+/// OpenFlow session per controller target and one OVSDB session per manager,
+/// plus tools (`ovs-ofctl`, `ovsdb-client`) now and then.
+pub const DEFAULT_MAX_SESSIONS: u32 = 8;
+
 /// One service as configured on one agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceConfig {
@@ -134,6 +139,12 @@ pub struct CommonConfig {
     /// `--coalesce`: what the local peer sends may wait up to this long, unless
     /// it is urgent (`quicsdn_lanes::coalesce`); `None`: nothing waits.
     pub coalesce: Option<Duration>,
+    /// `--max-sessions`: sessions one connection carries at once (both
+    /// agents' together); a session beyond waits until one ends. Sizes the
+    /// QUIC stream limits, hence the memory each connection takes.
+    pub max_sessions: u32,
+    /// The QUIC settings; its stream limits are replaced by what
+    /// `streams` and `max_sessions` need when an endpoint is made.
     pub quic: QuicOptions,
     /// Agent-wide message size limit (OpenFlow is also capped at 65,535 by its format).
     pub max_message: Option<usize>,
@@ -157,6 +168,7 @@ impl CommonConfig {
             services,
             streams: StreamMode::default(),
             coalesce: Some(quicsdn_lanes::coalesce::DEFAULT_WINDOW),
+            max_sessions: DEFAULT_MAX_SESSIONS,
             quic: QuicOptions::default(),
             max_message: None,
             local_connect_timeout: Duration::from_secs(5),
@@ -201,6 +213,12 @@ impl CommonConfig {
                 )));
             }
         }
+        if !(1..=1024).contains(&self.max_sessions) {
+            return Err(ConfigError::Invalid(format!(
+                "--max-sessions must be between 1 and 1024 (got {})",
+                self.max_sessions
+            )));
+        }
         if self.max_message == Some(0) {
             return Err(ConfigError::Invalid(
                 "--max-message-size must be positive".into(),
@@ -224,15 +242,37 @@ impl CommonConfig {
     }
 }
 
+/// One controller agent a switch agent may connect to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerTarget {
+    /// `HOST:PORT`.
+    pub addr: String,
+    /// The name its certificate must carry.
+    pub server_name: String,
+}
+
+impl ControllerTarget {
+    pub fn new(addr: impl Into<String>, server_name: impl Into<String>) -> ControllerTarget {
+        ControllerTarget {
+            addr: addr.into(),
+            server_name: server_name.into(),
+        }
+    }
+}
+
+/// Default `--failback-interval`: Open vSwitch's longest reconnect backoff.
+pub const DEFAULT_FAILBACK_INTERVAL: Duration = Duration::from_secs(8);
+
 /// The switch agent's configuration.
 #[derive(Debug, Clone)]
 pub struct SwitchConfig {
-    /// The controller agent, `HOST:PORT`.
-    pub controller: String,
+    /// The controller agents in order of preference (`--controller`, repeated):
+    /// the agent connects to the first that answers, fails over to the next
+    /// when one is unreachable or refuses, and returns to the first when it
+    /// answers again.
+    pub controllers: Vec<ControllerTarget>,
     /// `--switch-name`: the switch's name over UDP, where no certificate says it.
     pub switch_name: Option<String>,
-    /// The name the controller's certificate must carry.
-    pub server_name: String,
     /// Local UDP address to bind (port 0 picks one).
     pub bind: Option<SocketAddr>,
     /// Longest wait between reconnection attempts.
@@ -241,12 +281,44 @@ pub struct SwitchConfig {
     /// a random time up to this long before reconnecting, so that the switches
     /// of a restarted controller agent do not all return in the same instant.
     pub reconnect_jitter: Duration,
+    /// `--failback-interval`: while connected to any but the first controller
+    /// agent, try the first this often.
+    pub failback_interval: Duration,
     pub common: CommonConfig,
 }
 
 impl SwitchConfig {
+    /// A configuration for one controller agent, with the defaults.
+    pub fn new(controller: ControllerTarget, common: CommonConfig) -> SwitchConfig {
+        SwitchConfig {
+            controllers: vec![controller],
+            switch_name: None,
+            bind: None,
+            max_backoff: Duration::from_secs(8),
+            reconnect_jitter: crate::admission::DEFAULT_RECONNECT_JITTER,
+            failback_interval: DEFAULT_FAILBACK_INTERVAL,
+            common,
+        }
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.common.validate(true)?;
+        if self.controllers.is_empty() {
+            return Err(ConfigError::Invalid(
+                "no controller agent: give --controller HOST:PORT".into(),
+            ));
+        }
+        if self.controllers.len() > 1 && matches!(self.common.transport, AgentTransport::Udp(_)) {
+            return Err(ConfigError::Invalid(
+                "--transport udp takes one --controller (failover between controller agents needs QUIC)"
+                    .into(),
+            ));
+        }
+        if self.failback_interval < Duration::from_millis(100) {
+            return Err(ConfigError::Invalid(
+                "--failback-interval must be at least 100ms".into(),
+            ));
+        }
         if self.max_backoff < Duration::from_millis(100) {
             return Err(ConfigError::Invalid(
                 "--max-backoff must be at least 100ms".into(),
@@ -372,15 +444,10 @@ mod tests {
 
     #[test]
     fn reconnect_jitter_stays_within_the_backoff() {
-        let mut sw = SwitchConfig {
-            controller: "ctl:6653".into(),
-            server_name: "ctl".into(),
-            bind: None,
-            max_backoff: Duration::from_secs(8),
-            reconnect_jitter: crate::admission::DEFAULT_RECONNECT_JITTER,
-            switch_name: None,
-            common: common(&["openflow=punix:/run/of.sock"]),
-        };
+        let mut sw = SwitchConfig::new(
+            ControllerTarget::new("ctl:6653", "ctl"),
+            common(&["openflow=punix:/run/of.sock"]),
+        );
         sw.validate().unwrap();
         sw.reconnect_jitter = Duration::from_secs(9);
         let e = sw.validate().unwrap_err().to_string();
@@ -388,5 +455,22 @@ mod tests {
             e.contains("--reconnect-jitter") && e.contains("--max-backoff"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_switch_agent_needs_a_controller_and_udp_takes_one() {
+        let mut sw = SwitchConfig::new(
+            ControllerTarget::new("a:6653", "a"),
+            common(&["openflow=punix:/run/of.sock"]),
+        );
+        sw.controllers.push(ControllerTarget::new("b:6653", "b"));
+        sw.validate().unwrap();
+        sw.common.transport = AgentTransport::Udp(quicsdn_udp::Profile::Robust);
+        sw.common.allow_unauthenticated = true;
+        let e = sw.validate().unwrap_err().to_string();
+        assert!(e.contains("one --controller"), "{e}");
+        sw.controllers.clear();
+        let e = sw.validate().unwrap_err().to_string();
+        assert!(e.contains("--controller"), "{e}");
     }
 }

@@ -80,8 +80,9 @@ impl ControllerAgent {
             })?,
             None => SessionStore::in_memory(resumption::DEFAULT_CAPACITY),
         });
+        let quic = services.quic_options(&config.common);
         let (endpoint, server_config) =
-            quic::server_endpoint(config.listen, &creds, &config.common.quic, sessions)?;
+            quic::server_endpoint(config.listen, &creds, &quic, sessions)?;
         info!(
             listen = %endpoint.local_addr()?, identity = %creds.identity, services = %services.names(),
             max_handshakes = config.max_handshakes,
@@ -298,7 +299,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
                 crate::switch::unix_millis()
             );
             match qlog.transport(
-                &inner.config.common.quic,
+                &inner.services.quic_options(&inner.config.common),
                 &name,
                 &format!("quicsdn controller agent, switch at {remote}"),
             ) {

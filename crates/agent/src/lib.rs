@@ -19,7 +19,9 @@ pub mod session;
 pub mod switch;
 pub mod udp;
 
-pub use config::{AgentTransport, CommonConfig, ControllerConfig, ServiceConfig, SwitchConfig};
+pub use config::{
+    AgentTransport, CommonConfig, ControllerConfig, ControllerTarget, ServiceConfig, SwitchConfig,
+};
 pub use controller::ControllerAgent;
 pub use switch::SwitchAgent;
 

@@ -32,7 +32,7 @@ type SessionKey = (bool, u64);
 /// session stream.
 #[derive(Default)]
 struct Routes {
-    sessions: HashMap<SessionKey, mpsc::UnboundedSender<IncomingLane>>,
+    sessions: HashMap<SessionKey, mpsc::UnboundedSender<Box<IncomingLane>>>,
     early: HashMap<u64, Vec<IncomingLane>>,
 }
 
@@ -162,12 +162,12 @@ impl Link {
     }
 
     /// Registers a session's route; the returned guard removes it.
-    fn route(&self, key: SessionKey) -> (Route<'_>, mpsc::UnboundedReceiver<IncomingLane>) {
+    fn route(&self, key: SessionKey) -> (Route<'_>, mpsc::UnboundedReceiver<Box<IncomingLane>>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut routes = self.routes();
         if !key.0 {
             for lane in routes.early.remove(&key.1).unwrap_or_default() {
-                let _ = tx.send(lane);
+                let _ = tx.send(Box::new(lane));
             }
         }
         routes.sessions.insert(key, tx);
@@ -329,6 +329,24 @@ impl Link {
         for problem in self.services.compare(theirs) {
             warn!(switch = %self.switch, "{problem}");
         }
+        // Our stream limits fit our own mode; sessions the peer opens follow
+        // its mode, which may need more lanes. Until now they waited for
+        // credit (RFC 9000 §4.6: MAX_STREAMS), which never fails a session.
+        match theirs.streams.parse::<StreamMode>() {
+            Ok(mode) => {
+                let (ours, needed) = (
+                    self.services.stream_limits(self.mode),
+                    self.services.stream_limits(mode),
+                );
+                if needed.uni > ours.uni {
+                    self.conn
+                        .set_max_concurrent_uni_streams(VarInt::from_u32(needed.uni));
+                }
+            }
+            Err(e) => {
+                warn!(switch = %self.switch, "the peer's hello names an unknown stream mode: {e}")
+            }
+        }
     }
 
     async fn incoming(self: Arc<Self>, mut send: SendStream, mut recv: RecvStream) {
@@ -462,11 +480,11 @@ impl Link {
             let _ = recv.stop(VarInt::from_u32(code::BAD_PREAMBLE));
             return;
         };
-        let lane = IncomingLane {
+        let lane = Box::new(IncomingLane {
             lane: p.lane as usize,
             recv,
             initial,
-        };
+        });
         // The peer's "opened by the sender" means opened by the peer, not by us.
         let key = (!p.opened_by_sender, p.session);
         let mut routes = self.routes();
@@ -483,7 +501,7 @@ impl Link {
             let _ = recv.stop(VarInt::from_u32(code::LOCAL_ABORT));
             return;
         }
-        routes.early.entry(p.session).or_default().push(lane);
+        routes.early.entry(p.session).or_default().push(*lane);
         drop(routes);
         tokio::spawn(self.clone().expire_early(p.session));
     }

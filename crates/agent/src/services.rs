@@ -3,6 +3,7 @@
 use crate::config::{CommonConfig, ServiceConfig};
 use quicsdn_lanes::StreamMode;
 use quicsdn_transport::Target;
+use quicsdn_transport::quic::{QuicOptions, StreamLimits};
 use quicsdn_wire::Framing;
 use quicsdn_wire::preamble::{Hello, Opener, ServiceOffer};
 use std::sync::Arc;
@@ -25,6 +26,8 @@ pub struct ServiceTable {
     services: Vec<Arc<Service>>,
     /// The side this table describes.
     pub role: Opener,
+    /// `--max-sessions`.
+    max_sessions: u32,
 }
 
 impl ServiceTable {
@@ -43,7 +46,40 @@ impl ServiceTable {
                 })
             })
             .collect();
-        ServiceTable { services, role }
+        ServiceTable {
+            services,
+            role,
+            max_sessions: common.max_sessions,
+        }
+    }
+
+    /// The agent's QUIC settings, with the stream limits its own mode needs.
+    pub fn quic_options(&self, common: &CommonConfig) -> QuicOptions {
+        QuicOptions {
+            streams: self.stream_limits(common.streams),
+            ..common.quic
+        }
+    }
+
+    /// Streams the peer needs to open at once for `--max-sessions` sessions
+    /// in `mode` (ours for the sessions we open, the peer's, from its hello,
+    /// for those it opens): one bidirectional stream per session plus the
+    /// control stream, and each session's further lanes as unidirectional
+    /// streams, for the service with the most. quinn allocates an entry for
+    /// every stream the peer may open, so these limits are what an idle
+    /// connection costs (issue 18: 4,096 of each took 600 KiB).
+    pub fn stream_limits(&self, mode: StreamMode) -> StreamLimits {
+        let lanes = self
+            .services
+            .iter()
+            .map(|s| mode.lanes_for(s.framing))
+            .max()
+            .unwrap_or(1);
+        let further = u32::try_from(lanes - 1).unwrap_or(u32::MAX);
+        StreamLimits {
+            bidi: self.max_sessions + 1,
+            uni: self.max_sessions.saturating_mul(further),
+        }
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<Service>> {
@@ -138,6 +174,49 @@ mod tests {
         let services = specs.iter().map(|s| ServiceConfig::parse(s).unwrap());
         let common = CommonConfig::new(tls, services.collect());
         ServiceTable::new(&common, role)
+    }
+
+    #[test]
+    fn stream_limits_follow_the_mode_and_the_services() {
+        let of_db = table(
+            Opener::Switch,
+            &["openflow=punix:/r/of.sock", "ovsdb=tcp:127.0.0.1:6640"],
+        );
+        let limits = |t: &ServiceTable, m: &str| {
+            let l = t.stream_limits(m.parse().unwrap());
+            (l.bidi, l.uni)
+        };
+        // 8 sessions and the control stream; safe: OpenFlow's main and
+        // priority lanes and 8 keyed ones, 9 of them unidirectional.
+        assert_eq!(limits(&of_db, "safe"), (9, 8 * 9));
+        assert_eq!(
+            of_db.stream_limits(StreamMode::default()),
+            StreamLimits::default()
+        );
+        assert_eq!(limits(&of_db, "safe:2"), (9, 8 * 3));
+        assert_eq!(limits(&of_db, "ordered"), (9, 0));
+        assert_eq!(limits(&of_db, "rr:16"), (9, 8 * 15));
+        // OVSDB alone in safe mode: its main lane and echo.
+        let db = table(Opener::Switch, &["ovsdb=tcp:127.0.0.1:6640"]);
+        assert_eq!(limits(&db, "safe"), (9, 8));
+        // Raw services always use one stream.
+        let raw = table(Opener::Switch, &["x=tcp:127.0.0.1:1"]);
+        assert_eq!(limits(&raw, "rr:16"), (9, 0));
+        let mut common = CommonConfig::new(
+            TlsFiles {
+                ca: "/ca".into(),
+                cert: "/c".into(),
+                key: "/k".into(),
+            },
+            vec![ServiceConfig::parse("openflow=ptcp:").unwrap()],
+        );
+        common.max_sessions = 2;
+        let t = ServiceTable::new(&common, Opener::Switch);
+        assert_eq!(limits(&t, "safe"), (3, 18));
+        assert_eq!(
+            t.quic_options(&common).streams,
+            t.stream_limits(common.streams)
+        );
     }
 
     #[test]

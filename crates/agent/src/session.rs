@@ -52,6 +52,9 @@ use crate::metrics::{Meter, Origin, SessionMeter};
 use crate::services::Service;
 
 /// A further lane of a session that the peer opened, routed here by the link.
+/// Sent boxed: every session has a channel for them, and tokio allocates its
+/// channels 32 slots at a time (2.6 KiB of 80-byte lanes per idle session,
+/// 256 bytes of boxes; issue 18).
 pub struct IncomingLane {
     pub lane: usize,
     pub recv: RecvStream,
@@ -66,7 +69,7 @@ pub struct SessionStreams {
     pub recv: RecvStream,
     /// Bytes already read past the session preamble.
     pub initial: Bytes,
-    pub lanes: mpsc::UnboundedReceiver<IncomingLane>,
+    pub lanes: mpsc::UnboundedReceiver<Box<IncomingLane>>,
 }
 
 /// Who is on each end and how the session runs.
@@ -696,7 +699,7 @@ impl OutPump {
             };
             or_abort(&mut self.abort, until_due(rd.read_buf(staging))).await
         } else {
-            let mut buf = BytesMut::with_capacity(quicsdn_lanes::READ_CHUNK);
+            let mut buf = BytesMut::with_capacity(quicsdn_lanes::MIN_READ_CHUNK);
             let r = or_abort(&mut self.abort, until_due(rd.read_buf(&mut buf))).await;
             self.ingest(&buf);
             r
@@ -705,7 +708,13 @@ impl OutPump {
             Err(_) => Err(End::Aborted),
             Ok(None) => Ok(None),
             Ok(Some(Err(e))) => Err(End::LocalIo(e)),
-            Ok(Some(Ok(n))) => Ok(Some(n)),
+            Ok(Some(Ok(n))) => {
+                match &mut self.coalescer {
+                    Some(c) => c.read_done(n),
+                    None => self.outbound.read_done(n),
+                }
+                Ok(Some(n))
+            }
         }
     }
 
@@ -825,53 +834,78 @@ impl OutPump {
 /// A chunk read from a lane: `Ok(None)` when the lane finished.
 type LaneRead = Result<Option<Bytes>, ReadError>;
 
-/// One lane being read by its own task into a one-slot channel, so a lane that
-/// may not proceed is simply not polled, and its stream's flow control holds
-/// the sender back.
+/// A lane's read under way. It owns the lane's stream until its chunk comes
+/// (and hands it back), so an idle lane costs one small boxed future, not a
+/// task and a channel (issue 18: those were about 5 KiB per session). A lane
+/// that may not proceed is simply not polled, and its stream's flow control
+/// holds the sender back.
+type LaneFuture = std::pin::Pin<Box<dyn Future<Output = (Option<RecvStream>, LaneRead)> + Send>>;
+
+/// One lane of the in-pump.
 struct LaneFeed {
-    rx: mpsc::Receiver<LaneRead>,
+    /// Bytes that arrived with the lane's preamble: delivered first.
+    initial: Option<Bytes>,
+    read: Option<LaneFuture>,
+    stop: watch::Receiver<Option<u32>>,
     done: bool,
 }
 
-fn spawn_reader(
-    mut recv: RecvStream,
-    initial: Bytes,
-    mut stop: watch::Receiver<Option<u32>>,
-    tasks: &mut tokio::task::JoinSet<()>,
-) -> LaneFeed {
-    let (tx, rx) = mpsc::channel::<LaneRead>(1);
-    tasks.spawn(async move {
-        if !initial.is_empty() && tx.send(Ok(Some(initial))).await.is_err() {
-            let _ = recv.stop(VarInt::from_u32(code::LOCAL_ABORT));
-            return;
+impl LaneFeed {
+    fn new(recv: RecvStream, initial: Bytes, stop: watch::Receiver<Option<u32>>) -> LaneFeed {
+        LaneFeed {
+            initial: (!initial.is_empty()).then_some(initial),
+            read: Some(read_lane(recv, stop.clone())),
+            stop,
+            done: false,
         }
-        loop {
-            let r = match or_abort(&mut stop, recv.read_chunk(usize::MAX, true)).await {
-                Err(c) => {
-                    let _ = recv.stop(VarInt::from_u32(c));
-                    return;
-                }
-                Ok(r) => r.map(|c| c.map(|c| c.bytes)),
-            };
-            let last = !matches!(r, Ok(Some(_)));
-            if tx.send(r).await.is_err() {
-                if !last {
-                    let _ = recv.stop(VarInt::from_u32(code::LOCAL_ABORT));
-                }
-                return;
-            }
-            if last {
-                return;
-            }
+    }
+
+    /// The lane's next chunk; once it has ended (finished, failed or
+    /// stopped), never ready again.
+    fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> Poll<LaneRead> {
+        if let Some(b) = self.initial.take() {
+            return Poll::Ready(Ok(Some(b)));
         }
-    });
-    LaneFeed { rx, done: false }
+        let Some(read) = self.read.as_mut() else {
+            return Poll::Pending;
+        };
+        let Poll::Ready((recv, r)) = read.as_mut().poll(cx) else {
+            return Poll::Pending;
+        };
+        self.read = match (recv, &r) {
+            (Some(recv), Ok(Some(_))) => Some(read_lane(recv, self.stop.clone())),
+            _ => None,
+        };
+        Poll::Ready(r)
+    }
+
+    /// Lets a read under way act on the stop signal: STOP_SENDING with its
+    /// code, so the peer learns why.
+    async fn stop(&mut self) {
+        if let Some(read) = self.read.take() {
+            let _ = read.await;
+        }
+    }
+}
+
+/// Reads the lane's next chunk, unless the session stops it first (then
+/// STOP_SENDING with the stop's code).
+fn read_lane(mut recv: RecvStream, mut stop: watch::Receiver<Option<u32>>) -> LaneFuture {
+    Box::pin(async move {
+        match or_abort(&mut stop, recv.read_chunk(usize::MAX, true)).await {
+            Err(c) => {
+                let _ = recv.stop(VarInt::from_u32(c));
+                (None, Ok(None))
+            }
+            Ok(r) => (Some(recv), r.map(|c| c.map(|c| c.bytes))),
+        }
+    })
 }
 
 /// What the in-pump waits for.
 enum InEvent {
     Chunk(usize, LaneRead),
-    NewLane(IncomingLane),
+    NewLane(Box<IncomingLane>),
     /// The link stopped routing lanes (the connection is going away).
     NoMoreLanes,
 }
@@ -882,7 +916,7 @@ async fn pump_in(
     wr: LocalWrite,
     inbound: Inbound,
     main: (RecvStream, Bytes),
-    lanes: mpsc::UnboundedReceiver<IncomingLane>,
+    lanes: mpsc::UnboundedReceiver<Box<IncomingLane>>,
     events: mpsc::UnboundedSender<InboundEvent>,
     abort: watch::Receiver<Option<u32>>,
     gate: Option<Gate>,
@@ -944,7 +978,7 @@ async fn pump_in_inner(
     wr: &mut LocalWrite,
     mut inbound: Inbound,
     main: (RecvStream, Bytes),
-    mut lanes: mpsc::UnboundedReceiver<IncomingLane>,
+    mut lanes: mpsc::UnboundedReceiver<Box<IncomingLane>>,
     events: mpsc::UnboundedSender<InboundEvent>,
     mut abort: watch::Receiver<Option<u32>>,
     mut gate: Option<Gate>,
@@ -952,9 +986,8 @@ async fn pump_in_inner(
     meter: &mut Meter,
 ) -> End {
     let (stop_tx, stop_rx) = watch::channel(None::<u32>);
-    let mut tasks = tokio::task::JoinSet::new();
     let mut feeds: Vec<Option<LaneFeed>> = (0..inbound.lanes()).map(|_| None).collect();
-    feeds[0] = Some(spawn_reader(main.0, main.1, stop_rx.clone(), &mut tasks));
+    feeds[0] = Some(LaneFeed::new(main.0, main.1, stop_rx.clone()));
     let mut lanes_open = true;
     let mut start = 0;
     let (end, stop) = loop {
@@ -969,9 +1002,8 @@ async fn pump_in_inner(
                     continue;
                 }
                 if let Some(feed) = feeds[i].as_mut().filter(|f| !f.done)
-                    && let Poll::Ready(r) = feed.rx.poll_recv(cx)
+                    && let Poll::Ready(r) = feed.poll_next(cx)
                 {
-                    let r = r.unwrap_or_else(|| Ok(None));
                     return Poll::Ready(InEvent::Chunk(i, r));
                 }
             }
@@ -995,7 +1027,7 @@ async fn pump_in_inner(
                         Some(code::PROTOCOL_VIOLATION),
                     );
                 }
-                feeds[l.lane] = Some(spawn_reader(l.recv, l.initial, stop_rx.clone(), &mut tasks));
+                feeds[l.lane] = Some(LaneFeed::new(l.recv, l.initial, stop_rx.clone()));
             }
             InEvent::Chunk(lane, Ok(Some(chunk))) => {
                 start = (lane + 1) % feeds.len();
@@ -1042,13 +1074,15 @@ async fn pump_in_inner(
             InEvent::Chunk(_, Err(e)) => break (read_end(e), Some(code::LOCAL_ABORT)),
         }
     };
-    // Let readers act on the stop signal (STOP_SENDING with the code) before the
-    // session drops the streams; lanes still arriving are refused.
+    // Let reads under way act on the stop signal (STOP_SENDING with the code)
+    // before the session drops the streams; lanes still arriving are refused.
     let _ = stop_tx.send(stop);
-    if stop.is_none() {
-        tasks.abort_all();
+    if stop.is_some() {
+        for feed in feeds.iter_mut().flatten() {
+            feed.stop().await;
+        }
     }
-    while tasks.join_next().await.is_some() {}
+    drop(feeds);
     lanes.close();
     while let Ok(l) = lanes.try_recv() {
         let mut recv = l.recv;

@@ -43,11 +43,22 @@ enum LinkState {
     Up(Arc<Link>),
 }
 
+/// One controller agent of `--controller`, with its own client configuration,
+/// so each keeps its own session tickets (rustls keys them by server name,
+/// which several controller agents may share).
+struct Controller {
+    addr: String,
+    server_name: String,
+    client: quinn::ClientConfig,
+}
+
 struct Inner {
     config: SwitchConfig,
     identity: Arc<str>,
     services: Arc<ServiceTable>,
     endpoint: Endpoint,
+    /// `--controller`, in order of preference.
+    controllers: Vec<Controller>,
     state: watch::Sender<LinkState>,
     /// Asks the connection manager to try now instead of waiting out its backoff.
     kick: Notify,
@@ -58,8 +69,8 @@ struct Inner {
     /// up, so OVS's connections wait for the next attempt instead of closing.
     refused: AtomicBool,
     metrics: Arc<Metrics>,
-    /// `--qlog-dir`, and the client configuration its connections use.
-    qlog: Option<(quic::Qlog, quinn::ClientConfig)>,
+    /// `--qlog-dir`, and the QUIC options of the transport settings it wraps.
+    qlog: Option<(quic::Qlog, quic::QuicOptions)>,
 }
 
 /// A running switch agent.
@@ -99,24 +110,35 @@ impl SwitchAgent {
             Some(b) => b,
             // Pick the unspecified address of the family the controller is likely in;
             // a literal IPv6 controller address needs an IPv6 socket.
-            None if config.controller.starts_with('[') => {
+            None if config.controllers.iter().any(|c| c.addr.starts_with('[')) => {
                 SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0)
             }
             None => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
         };
-        let endpoint = quic::client_endpoint(bind, &creds, &config.common.quic)?;
+        let quic = services.quic_options(&config.common);
+        let endpoint = quic::client_endpoint(bind, &creds, &quic)?;
+        let controllers = config
+            .controllers
+            .iter()
+            .map(|c| {
+                Ok(Controller {
+                    addr: c.addr.clone(),
+                    server_name: c.server_name.clone(),
+                    client: quic::client_config(&creds, &quic)?,
+                })
+            })
+            .collect::<Result<Vec<_>, quicsdn_transport::tls::TlsError>>()?;
         // With qlog, each attempt gets its own transport settings (its qlog
-        // stream) around one TLS configuration, whose ticket cache 0-RTT needs.
-        let qlog = match &config.common.qlog {
-            Some(q) => Some((q.clone(), quic::client_config(&creds, &config.common.quic)?)),
-            None => None,
-        };
+        // stream) around its controller's TLS configuration, whose ticket
+        // cache 0-RTT needs.
+        let qlog = config.common.qlog.clone().map(|q| (q, quic));
         let (state, _) = watch::channel(LinkState::Down);
         let inner = Arc::new(Inner {
             config,
             identity,
             services,
             endpoint,
+            controllers,
             state,
             kick: Notify::new(),
             zero_rtt_rejected: AtomicBool::new(false),
@@ -284,17 +306,38 @@ impl control::Handler for Control {
     }
 }
 
+/// Keeps one connection to a controller agent. With several (`--controller`
+/// repeated), an attempt that fails or is refused moves on to the next at once;
+/// only a whole round of failures waits out the backoff, so OVS's connection,
+/// which waits for one attempt ([`link_for_session`]), sees the round. A lost
+/// connection moves on too (the agent that closed or went silent is restarting
+/// or gone), and while connected to any but the first the agent tries the first
+/// every `--failback-interval` and moves back to it when it answers.
 async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
     let cfg = &inner.config;
+    let count = inner.controllers.len();
     let mut reconnect = Reconnect::new(cfg.max_backoff, cfg.reconnect_jitter);
+    // The controller agent tried next, and failed attempts since the last
+    // connection (a round is `count` of them).
+    let mut current = 0;
+    let mut failures = 0;
+    // A link to the first controller agent, made by the failback probe.
+    let mut failback: Option<Arc<Link>> = None;
     loop {
-        inner.state.send_replace(LinkState::Connecting);
-        let attempt = tokio::select! {
-            r = connect_once(&inner) => r,
-            _ = shutdown.wait() => return,
+        let attempt = match failback.take() {
+            Some(link) => Ok(link),
+            None => {
+                inner.state.send_replace(LinkState::Connecting);
+                tokio::select! {
+                    r = connect_once(&inner, current, false) => r,
+                    _ = shutdown.wait() => return,
+                }
+            }
         };
+        let addr = &inner.controllers[current].addr;
         let ended = match attempt {
             Ok(link) => {
+                failures = 0;
                 // A 0-RTT connection learns the server's certificate with the handshake.
                 let controller =
                     identity::of_connection(&link.conn).unwrap_or_else(|| "(resuming)".into());
@@ -308,8 +351,34 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
                     inner.metrics.link_up(&link);
                 }
                 let started = tokio::time::Instant::now();
+                let at_first = current == 0;
+                let probe = async {
+                    if at_first {
+                        std::future::pending().await
+                    } else {
+                        probe_first(&inner).await
+                    }
+                };
                 let reason = tokio::select! {
                     r = link.clone().serve() => r,
+                    first = probe => {
+                        // New sessions go to the first at once; closing this
+                        // connection closes OVS's connections through it, and
+                        // OVS reconnects through the first (OpenFlow state is
+                        // per connection, so a session cannot move).
+                        info!(
+                            switch = %inner.identity, from = %addr, to = %inner.controllers[0].addr,
+                            "the first controller agent answers again; moving back to it (OVS reconnects through it)"
+                        );
+                        inner.state.send_replace(LinkState::Up(first.clone()));
+                        link.conn.close(
+                            VarInt::from_u32(code::FAILBACK),
+                            b"moving back to the preferred controller agent",
+                        );
+                        current = 0;
+                        failback = Some(first);
+                        continue;
+                    }
                     _ = shutdown.wait() => return,
                 };
                 inner.metrics.link_down(&link, &reason);
@@ -324,7 +393,7 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
                     Ended::Refused
                 } else {
                     warn!(
-                        switch = %inner.identity,
+                        switch = %inner.identity, controller = %addr,
                         "connection to the controller agent lost ({reason}); closing OVS's connections"
                     );
                     if superseded(&reason) {
@@ -357,7 +426,7 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
                 inner.metrics.refused(RefusalReason::admission);
                 inner.refused.store(true, Ordering::Relaxed);
                 inner.state.send_replace(LinkState::Down);
-                info!(switch = %inner.identity, "the controller agent is busy (admission control refused the connection); retrying shortly");
+                info!(switch = %inner.identity, controller = %addr, "the controller agent is busy (admission control refused the connection); retrying shortly");
                 Ended::Refused
             }
             Err(Attempt::Failed(e, refusal)) => {
@@ -366,11 +435,26 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
                 }
                 inner.refused.store(false, Ordering::Relaxed);
                 inner.state.send_replace(LinkState::Down);
-                warn!(switch = %inner.identity, "cannot connect to the controller agent at {}: {e}", cfg.controller);
+                warn!(switch = %inner.identity, "cannot connect to the controller agent at {addr}: {e}");
                 Ended::Failed
             }
         };
-        let delay = reconnect.next_delay(ended, rand::random::<f64>());
+        // Which controller agent next, and whether to wait first: the same one
+        // at once after a rejected 0-RTT; with several, the next one, at once
+        // unless a whole round has failed.
+        let delay = if count == 1 || ended == Ended::ZeroRttRejected {
+            reconnect.next_delay(ended, rand::random::<f64>())
+        } else {
+            current = (current + 1) % count;
+            if matches!(ended, Ended::Failed | Ended::Refused) {
+                failures += 1;
+            }
+            if ended == Ended::LostAfterUp || failures % count == 0 {
+                reconnect.next_delay(ended, rand::random::<f64>())
+            } else {
+                Duration::ZERO
+            }
+        };
         if delay.is_zero() {
             continue;
         }
@@ -381,6 +465,35 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
             _ = tokio::time::sleep(delay) => {}
             _ = inner.kick.notified() => {}
             _ = shutdown.wait() => return,
+        }
+    }
+}
+
+/// While connected to another controller agent: tries the first every
+/// `--failback-interval` (a full handshake and the hello, no 0-RTT: nothing
+/// is sent on it before it has proved it serves us) and returns the
+/// connection once it answers.
+async fn probe_first(inner: &Arc<Inner>) -> Arc<Link> {
+    let interval = inner.config.failback_interval;
+    // A probe of an agent that is still down waits no longer than the
+    // interval (at least a second, for long paths), so one that comes back is
+    // noticed within about two intervals.
+    let limit = interval
+        .max(Duration::from_secs(1))
+        .min(inner.config.common.quic.idle_timeout);
+    loop {
+        tokio::time::sleep(interval).await;
+        let attempt = tokio::time::timeout(limit, connect_once(inner, 0, true))
+            .await
+            .unwrap_or_else(|_| Err(Attempt::Failed(format!("no answer within {limit:?}"), None)));
+        match attempt {
+            Ok(link) => return link,
+            Err(Attempt::Refused) => {
+                debug!(switch = %inner.identity, "the first controller agent is busy; staying")
+            }
+            Err(Attempt::Failed(e, _)) => {
+                debug!(switch = %inner.identity, "the first controller agent does not answer yet: {e}")
+            }
         }
     }
 }
@@ -412,18 +525,19 @@ fn superseded(reason: &quinn::ConnectionError) -> bool {
 /// handshake is confirmed in the background ([`confirm_early`]). Otherwise:
 /// handshake, then the hello exchange that confirms the controller agent
 /// accepted us.
-async fn connect_once(inner: &Arc<Inner>) -> Result<Arc<Link>, Attempt> {
+async fn connect_once(inner: &Arc<Inner>, index: usize, probe: bool) -> Result<Arc<Link>, Attempt> {
     let cfg = &inner.config;
-    let addr = tokio::net::lookup_host(cfg.controller.as_str())
+    let target = &inner.controllers[index];
+    let addr = tokio::net::lookup_host(target.addr.as_str())
         .await
-        .map_err(|e| Attempt::Failed(format!("cannot resolve {}: {e}", cfg.controller), None))?
+        .map_err(|e| Attempt::Failed(format!("cannot resolve {}: {e}", target.addr), None))?
         .next()
-        .ok_or_else(|| {
-            Attempt::Failed(format!("{} resolves to no address", cfg.controller), None)
-        })?;
+        .ok_or_else(|| Attempt::Failed(format!("{} resolves to no address", target.addr), None))?;
     let connecting = match &inner.qlog {
-        None => inner.endpoint.connect(addr, &cfg.server_name),
-        Some((qlog, base)) => {
+        None => inner
+            .endpoint
+            .connect_with(target.client.clone(), addr, &target.server_name),
+        Some((qlog, opts)) => {
             let name = format!(
                 "{}-{}-switch",
                 quic::file_stem(&inner.identity),
@@ -431,12 +545,14 @@ async fn connect_once(inner: &Arc<Inner>) -> Result<Arc<Link>, Attempt> {
             );
             let title = format!("quicsdn switch agent {} to {addr}", inner.identity);
             let (transport, path) = qlog
-                .transport(&cfg.common.quic, &name, &title)
+                .transport(opts, &name, &title)
                 .map_err(|e| Attempt::Failed(format!("--qlog-dir: {e}"), None))?;
             debug!(switch = %inner.identity, qlog = %path.display(), "qlog of this connection");
-            let mut client = base.clone();
+            let mut client = target.client.clone();
             client.transport_config(transport);
-            inner.endpoint.connect_with(client, addr, &cfg.server_name)
+            inner
+                .endpoint
+                .connect_with(client, addr, &target.server_name)
         }
     };
     let mut connecting = connecting
@@ -457,7 +573,8 @@ async fn connect_once(inner: &Arc<Inner>) -> Result<Arc<Link>, Attempt> {
         )
     };
     // After a rejection, one full handshake (the next attempt gets fresh tickets).
-    if cfg.common.quic.zero_rtt && !inner.zero_rtt_rejected.swap(false, Ordering::Relaxed) {
+    if !probe && cfg.common.quic.zero_rtt && !inner.zero_rtt_rejected.swap(false, Ordering::Relaxed)
+    {
         // Err: no ticket for this controller agent yet.
         match connecting.into_0rtt() {
             Ok((conn, accepted)) => {

@@ -713,11 +713,12 @@ async fn manage(
     let mut backoff = Backoff::new(Duration::from_millis(100), config.max_backoff);
     loop {
         let attempt = async {
-            let peer = tokio::net::lookup_host(&config.controller)
+            let controller = &config.controllers[0].addr;
+            let peer = tokio::net::lookup_host(controller)
                 .await
-                .map_err(|e| format!("cannot resolve {}: {e}", config.controller))?
+                .map_err(|e| format!("cannot resolve {controller}: {e}"))?
                 .next()
-                .ok_or_else(|| format!("{} resolves to nothing", config.controller))?;
+                .ok_or_else(|| format!("{controller} resolves to nothing"))?;
             let bind = config.bind.unwrap_or_else(|| {
                 if peer.is_ipv6() {
                     "[::]:0".parse().expect("valid")

@@ -261,7 +261,7 @@ async fn bad_certificates_are_refused_in_the_handshake_and_open_nothing_locally(
     // 4. A controller whose certificate does not carry --server-name: the switch
     // agent refuses it and logs who it was.
     let mut cfg = switch_config(pki.issue("sw1"), addr, &s(&["openflow=ptcp:0"]));
-    cfg.server_name = "not-the-controller".into();
+    cfg.controllers[0].server_name = "not-the-controller".into();
     let wrong = SwitchAgent::start(cfg).await.unwrap();
     logs.wait_for(&[
         "rejected the controller agent's certificate",

@@ -181,7 +181,7 @@ async fn metrics_count_what_crosses_and_healthz_follows_the_path() {
         setup.controller.local_addr().unwrap(),
         &["openflow=ptcp:0".to_string()],
     );
-    cfg.server_name = "ctl".into();
+    cfg.controllers[0].server_name = "ctl".into();
     let intruder = quicsdn_agent::SwitchAgent::start(cfg).await.unwrap();
     let refused = r#"quicsdn_handshake_refusals_total{reason="bad_certificate"}"#;
 

@@ -3,7 +3,7 @@
 //! message closes only its session, and UDP needs --allow-unauthenticated.
 
 use quicsdn_agent::config::{
-    AgentTransport, CommonConfig, ControllerConfig, ServiceConfig, SwitchConfig,
+    AgentTransport, CommonConfig, ControllerConfig, ControllerTarget, ServiceConfig, SwitchConfig,
 };
 use quicsdn_agent::udp::{UdpControllerAgent, UdpSwitchAgent};
 use quicsdn_transport::tls::TlsFiles;
@@ -52,13 +52,14 @@ async fn pair(profile: Profile) -> (UdpControllerAgent, UdpSwitchAgent, TcpListe
     };
     let cagent = UdpControllerAgent::start(c, profile).await.unwrap();
     let s = SwitchConfig {
-        controller: cagent.local_addr.to_string(),
         switch_name: Some("sw-udp".into()),
-        server_name: "ctl".into(),
         bind: Some("127.0.0.1:0".parse().unwrap()),
         max_backoff: Duration::from_secs(1),
         reconnect_jitter: Duration::ZERO,
-        common: common(&["openflow=ptcp:0:127.0.0.1".to_string()], profile),
+        ..SwitchConfig::new(
+            ControllerTarget::new(cagent.local_addr.to_string(), "ctl"),
+            common(&["openflow=ptcp:0:127.0.0.1".to_string()], profile),
+        )
     };
     let sagent = UdpSwitchAgent::start(s, profile).await.unwrap();
     let target = sagent.listeners[0].1.to_string();

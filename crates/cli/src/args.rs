@@ -9,7 +9,7 @@ use crate::units::{parse_duration, parse_size};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use quicsdn_agent::config::{
-    AgentTransport, CommonConfig, ControllerConfig, ServiceConfig, SwitchConfig,
+    AgentTransport, CommonConfig, ControllerConfig, ControllerTarget, ServiceConfig, SwitchConfig,
 };
 use quicsdn_lanes::StreamMode;
 use quicsdn_transport::quic::{AckFrequency, QuicOptions};
@@ -273,6 +273,11 @@ pub struct CommonArgs {
     /// only). [default: safe]
     #[arg(long, value_name = "MODE")]
     pub streams: Option<String>,
+    /// Sessions one QUIC connection carries at once (both agents' together);
+    /// one more waits until one ends. Sizes the QUIC stream limits, which are
+    /// much of an idle connection's memory. [default: 8]
+    #[arg(long, value_name = "N")]
+    pub max_sessions: Option<u32>,
     /// Largest message accepted from a local peer, e.g. 16M; larger ones close that
     /// connection. OpenFlow is capped at 65535 by its format. [default: 64M for
     /// JSON-RPC]
@@ -327,13 +332,20 @@ pub struct CommonArgs {
 pub struct SwitchArgs {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// The controller agent, HOST:PORT (UDP).
+    /// The controller agent, HOST:PORT (UDP). Repeat it for several, in order
+    /// of preference: the agent fails over to the next when one is unreachable
+    /// or refuses, and returns to the first when it answers again.
     #[arg(long, value_name = "HOST:PORT")]
-    pub controller: Option<String>,
-    /// Name the controller agent's certificate must carry. [default: the host of
-    /// --controller]
+    pub controller: Vec<String>,
+    /// Name the controller agents' certificates must carry. [default: the host
+    /// of each --controller]
     #[arg(long, value_name = "NAME")]
     pub server_name: Option<String>,
+    /// With several --controller: while connected to any but the first, try
+    /// the first this often, and move back to it when it answers (OVS's
+    /// connections then reconnect through it). [default: 8s]
+    #[arg(long, value_name = "DURATION")]
+    pub failback_interval: Option<String>,
     /// Local UDP address to send from. [default: any address, any port]
     #[arg(long, value_name = "IP:PORT")]
     pub bind: Option<SocketAddr>,
@@ -388,6 +400,15 @@ pub struct ControllerArgs {
 }
 
 /// A configuration file: the flags' long names as keys.
+/// A setting given once or as a list (`controller = "a:6653"` or
+/// `controller = ["a:6653", "b:6653"]`).
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
 #[derive(Deserialize, Debug, Default)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct FileConfig {
@@ -401,6 +422,7 @@ pub struct FileConfig {
     pub switch_name: Option<String>,
     pub service: Option<Vec<String>>,
     pub streams: Option<String>,
+    pub max_sessions: Option<u32>,
     pub keepalive: Option<String>,
     pub idle_timeout: Option<String>,
     pub grace: Option<String>,
@@ -416,8 +438,9 @@ pub struct FileConfig {
     pub ack_threshold: Option<u32>,
     pub ack_delay: Option<String>,
     // Switch agent only.
-    pub controller: Option<String>,
+    pub controller: Option<OneOrMany>,
     pub server_name: Option<String>,
+    pub failback_interval: Option<String>,
     pub bind: Option<SocketAddr>,
     pub max_backoff: Option<String>,
     pub reconnect_jitter: Option<String>,
@@ -565,6 +588,10 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
         services,
         streams,
         coalesce,
+        max_sessions: args
+            .max_sessions
+            .or(file.max_sessions.take())
+            .unwrap_or(quicsdn_agent::config::DEFAULT_MAX_SESSIONS),
         quic,
         max_message,
         local_connect_timeout: duration(
@@ -602,14 +629,38 @@ impl SwitchArgs {
                  agent settings"
             );
         }
-        let controller = required(self.controller, file.controller.take(), "controller")?;
-        if !controller.contains(':') {
-            bail!("--controller {controller:?}: expected HOST:PORT, e.g. 192.0.2.1:6653");
+        let addrs = if self.controller.is_empty() {
+            match file.controller.take() {
+                Some(OneOrMany::One(c)) => vec![c],
+                Some(OneOrMany::Many(v)) => v,
+                None => vec![],
+            }
+        } else {
+            self.controller
+        };
+        if addrs.is_empty() {
+            bail!("--controller is required (or `controller` in the --config file)");
         }
-        let server_name = self
-            .server_name
-            .or(file.server_name.take())
-            .unwrap_or_else(|| host_of(&controller).to_string());
+        let server_name = self.server_name.or(file.server_name.take());
+        let mut controllers = Vec::new();
+        for c in addrs {
+            if !c.contains(':') {
+                bail!("--controller {c:?}: expected HOST:PORT, e.g. 192.0.2.1:6653");
+            }
+            if controllers.iter().any(|t: &ControllerTarget| t.addr == c) {
+                bail!("--controller {c:?} is given twice");
+            }
+            let name = server_name
+                .clone()
+                .unwrap_or_else(|| host_of(&c).to_string());
+            controllers.push(ControllerTarget::new(c, name));
+        }
+        let failback_interval = duration(
+            self.failback_interval,
+            file.failback_interval.take(),
+            "failback-interval",
+            quicsdn_agent::config::DEFAULT_FAILBACK_INTERVAL,
+        )?;
         let max_backoff = duration(
             self.max_backoff,
             file.max_backoff.take(),
@@ -631,12 +682,12 @@ impl SwitchArgs {
         let mut common = common(self.common, &mut file)?;
         common.quic.zero_length_cid = zero_length_cid;
         Ok(SwitchConfig {
-            controller,
+            controllers,
             switch_name,
-            server_name,
             bind,
             max_backoff,
             reconnect_jitter,
+            failback_interval,
             common,
         })
     }
@@ -650,11 +701,12 @@ impl ControllerArgs {
             || file.bind.is_some()
             || file.max_backoff.is_some()
             || file.reconnect_jitter.is_some()
+            || file.failback_interval.is_some()
             || file.zero_length_cid.is_some()
         {
             bail!(
-                "`controller`, `server-name`, `bind`, `max-backoff`, `reconnect-jitter` and \
-                 `zero-length-cid` are switch agent settings"
+                "`controller`, `server-name`, `bind`, `max-backoff`, `reconnect-jitter`, \
+                 `failback-interval` and `zero-length-cid` are switch agent settings"
             );
         }
         let listen = self
@@ -775,7 +827,12 @@ mod tests {
             panic!()
         };
         let cfg = args.resolve(FileConfig::default()).unwrap();
-        assert_eq!(cfg.server_name, "ctl");
+        assert_eq!(
+            cfg.controllers,
+            [ControllerTarget::new("192.0.2.1:6653", "ctl")]
+        );
+        assert_eq!(cfg.failback_interval, Duration::from_secs(8));
+        assert_eq!(cfg.common.max_sessions, 8);
         assert_eq!(cfg.common.services.len(), 2);
         assert_eq!(cfg.common.streams, StreamMode::default());
         assert_eq!(cfg.max_backoff, Duration::from_secs(8));
@@ -866,12 +923,75 @@ mod tests {
             panic!()
         };
         let cfg = args.resolve(file).unwrap();
-        assert_eq!(cfg.server_name, "2001:db8::1");
+        assert_eq!(cfg.controllers[0].server_name, "2001:db8::1");
         assert_eq!(cfg.common.streams, StreamMode::Ordered);
         assert_eq!(cfg.common.tls.cert, PathBuf::from("/cli/c.crt"));
         assert_eq!(cfg.common.tls.ca, PathBuf::from("/f/ca.crt"));
         assert_eq!(cfg.common.quic.idle_timeout, Duration::from_secs(9));
         assert!(cfg.common.quic.zero_rtt, "on by default");
+    }
+
+    #[test]
+    fn several_controller_agents_in_order() {
+        let cli = parse(&[
+            "switch",
+            "--controller=a.example:6653",
+            "--controller=[2001:db8::2]:6653",
+            "--failback-interval=3s",
+            "--max-sessions=4",
+            "--ca=/a",
+            "--cert=/b",
+            "--key=/c",
+        ]);
+        let Command::Switch(args) = cli.command else {
+            panic!()
+        };
+        let cfg = args.resolve(FileConfig::default()).unwrap();
+        assert_eq!(
+            cfg.controllers,
+            [
+                ControllerTarget::new("a.example:6653", "a.example"),
+                ControllerTarget::new("[2001:db8::2]:6653", "2001:db8::2"),
+            ]
+        );
+        assert_eq!(cfg.failback_interval, Duration::from_secs(3));
+        assert_eq!(cfg.common.max_sessions, 4);
+        // One name for all with --server-name; a list in the file.
+        let file: FileConfig = toml::from_str(
+            r#"
+            controller = ["a:1", "b:2"]
+            server-name = "ctl"
+            ca = "/a"
+            cert = "/b"
+            key = "/c"
+            "#,
+        )
+        .unwrap();
+        let Command::Switch(args) = parse(&["switch"]).command else {
+            panic!()
+        };
+        let cfg = args.resolve(file).unwrap();
+        assert_eq!(
+            cfg.controllers,
+            [
+                ControllerTarget::new("a:1", "ctl"),
+                ControllerTarget::new("b:2", "ctl")
+            ]
+        );
+        let Command::Switch(args) = parse(&[
+            "switch",
+            "--controller=a:1",
+            "--controller=a:1",
+            "--ca=/a",
+            "--cert=/b",
+            "--key=/c",
+        ])
+        .command
+        else {
+            panic!()
+        };
+        let e = args.resolve(FileConfig::default()).unwrap_err().to_string();
+        assert!(e.contains("twice"), "{e}");
     }
 
     #[test]

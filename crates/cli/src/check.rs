@@ -26,9 +26,14 @@ pub fn run(args: CheckConfigArgs) -> Result<()> {
         Command::Switch(a) => {
             let c = a.resolve(file).with_context(|| path.clone())?;
             c.validate().with_context(|| path.clone())?;
+            let targets: Vec<String> = c
+                .controllers
+                .iter()
+                .map(|t| format!("{} (certificate name {:?})", t.addr, t.server_name))
+                .collect();
             let s = format!(
-                "switch agent: controller agent {} (certificate name {:?})",
-                c.controller, c.server_name
+                "switch agent: controller agents {}",
+                targets.join(", then ")
             );
             (c.common, s)
         }

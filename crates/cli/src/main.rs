@@ -1,8 +1,8 @@
 //! `quicsdn`: the command-line front of the agents.
 
 mod args;
-mod proxy_args;
 mod check;
+mod proxy_args;
 mod systemd;
 mod units;
 

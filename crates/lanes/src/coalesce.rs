@@ -176,6 +176,8 @@ pub struct Coalescer {
     framing: Framing,
     cfg: CoalesceConfig,
     buf: BytesMut,
+    /// Free space the next read gets (see [`Coalescer::read_done`]).
+    chunk: usize,
     /// Bytes of `buf` framed and classified (whole messages).
     scanned: usize,
     /// Bytes of `buf` that may leave now (a prefix of `scanned`).
@@ -197,6 +199,7 @@ impl Coalescer {
             framing,
             cfg,
             buf: BytesMut::new(),
+            chunk: crate::MIN_READ_CHUNK,
             scanned: 0,
             release: 0,
             held_since: None,
@@ -208,13 +211,33 @@ impl Coalescer {
         }
     }
 
-    /// The buffer to read local bytes into, with at least [`crate::READ_CHUNK`]
-    /// bytes free; only appending is allowed. Call [`Coalescer::arrived`] after.
+    /// The buffer to read local bytes into, with at least the current read
+    /// size free ([`crate::MIN_READ_CHUNK`] to [`crate::READ_CHUNK`], as for
+    /// [`crate::Outbound::read_buf`]: an idle session keeps 1 KiB, not 64);
+    /// only appending is allowed. Call [`Coalescer::read_done`] and
+    /// [`Coalescer::arrived`] after.
     pub fn read_buf(&mut self) -> &mut BytesMut {
-        if self.buf.capacity() - self.buf.len() < crate::READ_CHUNK {
-            self.buf.reserve(crate::READ_CHUNK);
+        if self.buf.is_empty()
+            && self.scanned == 0
+            && self.release == 0
+            && self.buf.capacity() > 2 * self.chunk
+        {
+            self.buf = BytesMut::new();
+        }
+        if self.buf.capacity() - self.buf.len() < self.chunk {
+            self.buf.reserve(self.chunk);
         }
         &mut self.buf
+    }
+
+    /// A read into [`Coalescer::read_buf`] brought `n` bytes: a full read
+    /// doubles the next one's space, a read of a quarter or less halves it.
+    pub fn read_done(&mut self, n: usize) {
+        if n >= self.chunk {
+            self.chunk = (self.chunk * 2).min(crate::READ_CHUNK);
+        } else if n <= self.chunk / 4 {
+            self.chunk = (self.chunk / 2).max(crate::MIN_READ_CHUNK);
+        }
     }
 
     /// Bytes were appended to [`Coalescer::read_buf`] at `now`: classifies the

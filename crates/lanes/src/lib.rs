@@ -49,8 +49,13 @@ use quicsdn_wire::Framing;
 use std::fmt;
 use std::str::FromStr;
 
-/// How much free buffer space a read from the local socket gets.
+/// The most free buffer space a read from the local socket gets: a busy local
+/// peer's reads fill it, so whole bursts go out in few batches.
 pub const READ_CHUNK: usize = 64 * 1024;
+/// The least: what an idle session's read buffer shrinks to, so a controller
+/// agent with thousands of idle switches does not hold 64 KiB for each (issue
+/// 18). Reads that fill it double it again, up to [`READ_CHUNK`].
+pub const MIN_READ_CHUNK: usize = 1024;
 
 /// Keyed lanes of `safe` mode unless `safe:K` says otherwise.
 pub const DEFAULT_KEYED_LANES: u16 = 8;

@@ -2,7 +2,7 @@
 
 use crate::marker;
 use crate::rules::{self, Direction, JsonRpc, Placement};
-use crate::{FIRST_KEYED_LANE, MAIN_LANE, PRIORITY_LANE, READ_CHUNK, StreamMode};
+use crate::{FIRST_KEYED_LANE, MAIN_LANE, MIN_READ_CHUNK, PRIORITY_LANE, READ_CHUNK, StreamMode};
 use bytes::{Bytes, BytesMut};
 use quicsdn_wire::openflow::{Header, Kind};
 use quicsdn_wire::{FrameError, Framer, Framing};
@@ -63,6 +63,9 @@ pub struct Outbound {
     direction: Direction,
     relaxed: bool,
     buf: BytesMut,
+    /// Free space the next read gets: between [`MIN_READ_CHUNK`] and
+    /// [`READ_CHUNK`], following how much the reads bring ([`Outbound::read_done`]).
+    chunk: usize,
     lanes: usize,
     next_rr: usize,
     handshake_done: bool,
@@ -91,7 +94,10 @@ impl Outbound {
             mode,
             direction,
             relaxed,
-            buf: BytesMut::with_capacity(READ_CHUNK),
+            // Most sessions are idle most of the time; a busy one reaches
+            // READ_CHUNK after a few full reads.
+            buf: BytesMut::new(),
+            chunk: MIN_READ_CHUNK,
             lanes,
             next_rr: 0,
             handshake_done: false,
@@ -112,13 +118,30 @@ impl Outbound {
         self.lanes
     }
 
-    /// The buffer to read local bytes into, with at least [`READ_CHUNK`] bytes free.
-    /// Only appending to it is allowed.
+    /// The buffer to read local bytes into, with at least the current read
+    /// size free ([`MIN_READ_CHUNK`] to [`READ_CHUNK`]). Only appending to it
+    /// is allowed; say how much a read brought with [`Outbound::read_done`].
     pub fn read_buf(&mut self) -> &mut BytesMut {
-        if self.buf.capacity() - self.buf.len() < READ_CHUNK {
-            self.buf.reserve(READ_CHUNK);
+        if self.buf.is_empty() && self.buf.capacity() > 2 * self.chunk {
+            // A burst is over: give its buffer back rather than keep it for
+            // the life of the session (the messages cut from it keep their
+            // part until sent).
+            self.buf = BytesMut::new();
+        }
+        if self.buf.capacity() - self.buf.len() < self.chunk {
+            self.buf.reserve(self.chunk);
         }
         &mut self.buf
+    }
+
+    /// A read into [`Outbound::read_buf`] brought `n` bytes: a full read
+    /// doubles the next one's space, a read of a quarter or less halves it.
+    pub fn read_done(&mut self, n: usize) {
+        if n >= self.chunk {
+            self.chunk = (self.chunk * 2).min(READ_CHUNK);
+        } else if n <= self.chunk / 4 {
+            self.chunk = (self.chunk / 2).max(MIN_READ_CHUNK);
+        }
     }
 
     /// The OpenFlow handshake completed (the switch's FEATURES_REPLY went the other

@@ -48,6 +48,55 @@ fn batches(out: &mut Outbound, stream: &[u8]) -> Vec<Batch> {
     std::iter::from_fn(|| out.next_batch().unwrap()).collect()
 }
 
+/// An idle session's read buffer shrinks to MIN_READ_CHUNK; reads that fill it
+/// grow it back to READ_CHUNK; and nothing read is lost on the way.
+#[test]
+fn the_read_buffer_follows_the_reads() {
+    let mut out = outbound(
+        Framing::OpenFlow,
+        StreamMode::default(),
+        Direction::ToSwitch,
+    );
+    let free = |out: &mut Outbound| {
+        let b = out.read_buf();
+        b.capacity() - b.len()
+    };
+    assert!(free(&mut out) >= crate::MIN_READ_CHUNK);
+    assert!(out.read_buf().capacity() < 2 * crate::MIN_READ_CHUNK);
+    // A burst: full reads grow it; then small reads (an echo each) shrink it
+    // step by step, and the burst's buffer is given back once empty.
+    for _ in 0..8 {
+        let n = free(&mut out);
+        out.read_done(n);
+    }
+    let burst = free(&mut out);
+    assert!(burst >= crate::READ_CHUNK, "{burst}");
+    let echo = of_message(1, 0);
+    let mut sent = Vec::new();
+    for _ in 0..8 {
+        out.read_buf().extend_from_slice(&echo);
+        out.read_done(echo.len());
+        while let Some(b) = out.next_batch().unwrap() {
+            sent.push(b);
+        }
+    }
+    let idle = free(&mut out);
+    assert!(
+        (crate::MIN_READ_CHUNK..2 * crate::MIN_READ_CHUNK + echo.len()).contains(&idle),
+        "{idle}"
+    );
+    assert!(out.read_buf().capacity() < 4 * crate::MIN_READ_CHUNK);
+    // Reads that fill it double it, up to READ_CHUNK.
+    let mut grown = idle;
+    for _ in 0..8 {
+        let n = free(&mut out);
+        out.read_done(n);
+        grown = free(&mut out);
+    }
+    assert!(grown >= crate::READ_CHUNK && grown > idle, "{grown}");
+    assert_eq!(sent.len(), 8);
+}
+
 #[test]
 fn stream_modes_parse_print_and_round_trip_the_wire() {
     assert_eq!("ordered".parse(), Ok(StreamMode::Ordered));

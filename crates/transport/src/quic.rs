@@ -27,9 +27,12 @@ pub struct QuicOptions {
     /// agent notices a dead path before OVS would have, and closes OVS's
     /// connection truthfully.
     pub idle_timeout: Duration,
-    /// How many streams of each kind (bidirectional: sessions; unidirectional:
-    /// their further lanes) the peer may have open at once.
-    pub max_streams: u32,
+    /// How many streams of each kind the peer may have open at once. quinn
+    /// keeps a table entry for every stream the peer may open (RFC 9000 §4.6
+    /// MAX_STREAMS credit), so this is per-connection memory: the agents
+    /// derive it from their stream mode and `--max-sessions`
+    /// (`quicsdn_agent`'s `ServiceTable::stream_limits`).
+    pub streams: StreamLimits,
     /// Bytes the peer may send on one stream before we read them (its flow
     /// control window). It also bounds how much the peer's agent queues on one
     /// stream ahead of the wire: the latency a message behind a bulk transfer
@@ -59,6 +62,26 @@ pub struct QuicOptions {
     pub zero_length_cid: bool,
     /// What the connection carries (its ALPN name, and what logs call each end).
     pub application: Application,
+}
+
+/// Streams the peer may have open at once (RFC 9000 §4.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLimits {
+    /// Bidirectional: the control stream and one per session.
+    pub bidi: u32,
+    /// Unidirectional: the further lanes of sessions.
+    pub uni: u32,
+}
+
+impl Default for StreamLimits {
+    /// What the agents' defaults need: 8 sessions in `safe` mode with
+    /// OpenFlow (9 further lanes each) and the control stream.
+    fn default() -> Self {
+        StreamLimits {
+            bidi: 9,
+            uni: 8 * 9,
+        }
+    }
 }
 
 /// The congestion controller (quinn's implementations).
@@ -126,7 +149,7 @@ impl Default for QuicOptions {
         QuicOptions {
             keepalive: keepalive_for(idle_timeout),
             idle_timeout,
-            max_streams: 4096,
+            streams: StreamLimits::default(),
             // quinn's default: 100 ms at 100 Mbit/s.
             stream_window: 1_250_000,
             congestion: Congestion::default(),
@@ -147,9 +170,18 @@ const UDP_BUFFER: usize = 4 << 20;
 /// connection, see [`Qlog`]).
 pub fn transport_config(opts: &QuicOptions) -> Result<TransportConfig, TlsError> {
     let mut t = TransportConfig::default();
-    t.max_concurrent_bidi_streams(VarInt::from_u32(opts.max_streams))
-        .max_concurrent_uni_streams(VarInt::from_u32(opts.max_streams))
+    // Every stream the peer may open has its window, so this is the most the
+    // peer can make us buffer on one connection (quinn's default: no limit
+    // beyond the streams').
+    let window_bound = (u64::from(opts.streams.bidi) + u64::from(opts.streams.uni))
+        * u64::from(opts.stream_window);
+    t.max_concurrent_bidi_streams(VarInt::from_u32(opts.streams.bidi))
+        .max_concurrent_uni_streams(VarInt::from_u32(opts.streams.uni))
         .stream_receive_window(VarInt::from_u32(opts.stream_window))
+        .receive_window(VarInt::from_u64(window_bound).unwrap_or(VarInt::MAX))
+        // The agents send no QUIC DATAGRAM frames (RFC 9221): don't offer to
+        // buffer any.
+        .datagram_receive_buffer_size(None)
         .congestion_controller_factory(match opts.congestion {
             Congestion::Cubic => Arc::new(quinn::congestion::CubicConfig::default())
                 as Arc<dyn quinn::congestion::ControllerFactory + Send + Sync>,
@@ -202,8 +234,12 @@ pub enum EndpointError {
 
 /// Session tickets the controller agent gives each connection. Every connection
 /// attempt of a switch agent uses one, also those that never reach the
-/// controller agent during an outage; rustls' client cache keeps 8.
-pub const TICKETS_PER_CONNECTION: usize = 8;
+/// controller agent during an outage or are refused; once they are used up the
+/// next attempt is a full handshake, which brings new ones. The controller
+/// agent keeps each ticket's session (about 1 KiB with the switch's
+/// certificate) until it is used or expires: 8 were 7.7 KiB per switch, an
+/// eighth of an idle connection's memory (issue 18), so 4.
+pub const TICKETS_PER_CONNECTION: usize = 4;
 
 /// `--qlog-dir`: one qlog file per QUIC connection, in the JSON-SEQ format
 /// (`.sqlog`, draft-ietf-quic-qlog-main-schema) that qvis reads, written by

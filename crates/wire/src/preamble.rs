@@ -61,6 +61,9 @@ pub mod code {
     /// Connection: the controller agent rejected 0-RTT; the switch agent starts
     /// afresh on a new connection.
     pub const ZERO_RTT_REJECTED: u32 = 0x12;
+    /// Connection: the switch agent moved back to its preferred controller
+    /// agent (`--controller` given several times).
+    pub const FAILBACK: u32 = 0x13;
 
     /// A human-readable name for logs.
     pub fn describe(code: u64) -> &'static str {
@@ -76,6 +79,7 @@ pub mod code {
             PROTOCOL_VIOLATION => "protocol violation",
             SUPERSEDED => "superseded by a newer connection",
             ZERO_RTT_REJECTED => "0-RTT rejected, reconnecting",
+            FAILBACK => "moved back to the preferred controller agent",
             _ => "unrecognised error code",
         }
     }

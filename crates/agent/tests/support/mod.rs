@@ -4,7 +4,9 @@
 
 #![allow(dead_code)] // Each test binary uses a different subset.
 
-use quicsdn_agent::config::{CommonConfig, ControllerConfig, ServiceConfig, SwitchConfig};
+use quicsdn_agent::config::{
+    CommonConfig, ControllerConfig, ControllerTarget, ServiceConfig, SwitchConfig,
+};
 use quicsdn_agent::{ControllerAgent, SwitchAgent};
 use quicsdn_transport::Target;
 use quicsdn_transport::tls::TlsFiles;
@@ -52,13 +54,13 @@ pub fn controller_config(pki: &Pki, services: &[String]) -> ControllerConfig {
 
 pub fn switch_config(tls: TlsFiles, controller: SocketAddr, services: &[String]) -> SwitchConfig {
     SwitchConfig {
-        controller: controller.to_string(),
-        server_name: "ctl".into(),
-        switch_name: None,
         bind: Some("127.0.0.1:0".parse().unwrap()),
         max_backoff: Duration::from_secs(1),
         reconnect_jitter: Duration::ZERO,
-        common: common(tls, services),
+        ..SwitchConfig::new(
+            ControllerTarget::new(controller.to_string(), "ctl"),
+            common(tls, services),
+        )
     }
 }
 
@@ -119,7 +121,7 @@ pub async fn pair(
     );
     tweak(&mut ccfg, &mut scfg);
     let controller = ControllerAgent::start(ccfg).await.unwrap();
-    scfg.controller = controller.local_addr().unwrap().to_string();
+    scfg.controllers[0].addr = controller.local_addr().unwrap().to_string();
     let agent = SwitchAgent::start(scfg).await.unwrap();
     assert!(
         agent.wait_connected(PATIENCE).await,

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use quicsdn_agent::admission::{DEFAULT_MAX_HANDSHAKES, DEFAULT_RECONNECT_JITTER};
-use quicsdn_agent::{CommonConfig, ServiceConfig, SwitchAgent, SwitchConfig};
+use quicsdn_agent::{CommonConfig, ControllerTarget, ServiceConfig, SwitchAgent, SwitchConfig};
 use quicsdn_transport::tls::TlsFiles;
 
 use crate::agents::quicsdn_binary;
@@ -242,6 +242,12 @@ pub struct Steady {
     /// per switch, KiB: meaningful for the first configuration only, as later
     /// ones reuse memory the allocator kept from the previous one.
     pub host_kib_per_switch: f64,
+    /// RSS of the one switch agent that runs as its own `quicsdn switch`
+    /// process (the last switch), KiB, idle and connected; and the part of
+    /// it that is its own (anonymous) memory, not the binary's and libc's
+    /// code pages, which every process running them shares.
+    pub switch_rss: u64,
+    pub switch_anon: u64,
 }
 
 pub const RESTARTS_CSV: &[&str] = &[
@@ -280,6 +286,8 @@ pub const STEADY_CSV: &[&str] = &[
     "ctl_kib_per_conn",
     "ctl_idle_cpu_pct",
     "host_kib_per_switch",
+    "switch_agent_rss_kib",
+    "switch_agent_anon_kib",
 ];
 
 /// Connections must be older than this before a restart: the switch agent
@@ -288,6 +296,10 @@ pub const STEADY_CSV: &[&str] = &[
 /// experimental condition (every restart starts from the same steady state),
 /// not a readiness check.
 const AGE: Duration = Duration::from_secs(3);
+
+/// The switch agents' OVSDB service: towards an OVS listening on a port where
+/// nothing listens (no OVSDB session is opened in the bench).
+const OVSDB_TO_SWITCH: &str = "ovsdb=tcp:127.0.0.1:1";
 
 pub fn run(args: StormArgs) -> Result<()> {
     let switches = args.switches.unwrap_or(if args.quick { 50 } else { 500 });
@@ -318,9 +330,10 @@ pub fn run(args: StormArgs) -> Result<()> {
     }
     // Per switch: its agent's UDP socket, unix listener and session, the
     // simulated switch's socket, the counting controller's TCP connection and
-    // the controller agent's: about 8 descriptors here and there.
+    // the controller agent's, and its OVSDB listener for the switch: about 9
+    // descriptors here and there.
     let limit = procs::raise_fd_limit();
-    let need = switches as u64 * 8 + 256;
+    let need = switches as u64 * 9 + 256;
     if limit < need {
         bail!(
             "{switches} switches need about {need} open files but the limit is {limit} \
@@ -341,6 +354,7 @@ pub fn run(args: StormArgs) -> Result<()> {
     } else {
         (work.path().to_path_buf(), Some(work))
     };
+    std::fs::create_dir_all(work_path.join("ovsdb"))?;
     let started = Instant::now();
     let pki = Pki::create(&work_path.join("pki"))?;
     for name in std::iter::once("ctl".to_string()).chain((1..=switches).map(|i| format!("sw{i}"))) {
@@ -442,6 +456,12 @@ impl Bench {
             .arg(format!("--cert={}", tls.cert.display()))
             .arg(format!("--key={}", tls.key.display()))
             .arg(format!("--service=openflow=tcp:{}", self.controller.addr()))
+            // The default services: OpenFlow, and OVSDB towards a listening
+            // OVS (a per-switch socket here; nothing connects to it).
+            .arg(format!(
+                "--service=ovsdb=punix:{}/ovsdb/{{switch}}.sock",
+                self.work.display()
+            ))
             .arg(format!("--control={}", sock.display()))
             .args(cfg.controller_args(&self.work.join(format!("sessions-{}", cfg.name))));
         let proc = spawn_service("quicsdn controller (storm)", &mut c, &log)?;
@@ -473,20 +493,68 @@ impl Bench {
         Ok(v)
     }
 
-    fn switch_config(&self, i: usize, cfg: &StormConfig) -> Result<SwitchConfig> {
+    /// The switch agents' services: OpenFlow from the simulated OVS, and
+    /// OVSDB to an OVS listening on 127.0.0.1:1 (nothing does: no session is
+    /// ever opened, as nothing connects at the controller agent's side).
+    fn switch_services(&self, i: usize) -> [String; 2] {
         let sock = self.work.join(format!("sw{i}.sock"));
-        let service = ServiceConfig::parse(&format!("openflow=punix:{}", sock.display()))?;
-        let mut common = CommonConfig::new(self.tls(&format!("sw{i}")), vec![service]);
+        [
+            format!("openflow=punix:{}", sock.display()),
+            OVSDB_TO_SWITCH.to_string(),
+        ]
+    }
+
+    fn switch_config(&self, i: usize, cfg: &StormConfig) -> Result<SwitchConfig> {
+        let services = self
+            .switch_services(i)
+            .iter()
+            .map(|s| ServiceConfig::parse(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut common = CommonConfig::new(self.tls(&format!("sw{i}")), services);
         common.quic.zero_rtt = cfg.zero_rtt;
         Ok(SwitchConfig {
-            controller: format!("127.0.0.1:{}", self.port),
-            server_name: "ctl".into(),
             bind: Some("127.0.0.1:0".parse().expect("address")),
             max_backoff: Duration::from_secs(8),
             reconnect_jitter: cfg.jitter,
-            switch_name: None,
-            common,
+            ..SwitchConfig::new(
+                ControllerTarget::new(format!("127.0.0.1:{}", self.port), "ctl"),
+                common,
+            )
         })
+    }
+
+    /// Starts the last switch's agent as a `quicsdn switch` process, so its
+    /// memory can be read, and waits until it listens for OVS.
+    fn spawn_switch(&self, i: usize, cfg: &StormConfig) -> Result<ProcRecord> {
+        let log = self.work.join(format!("sw{i}-{}.log", cfg.name));
+        let tls = self.tls(&format!("sw{i}"));
+        let sock = self.work.join(format!("sw{i}.sock"));
+        let _ = std::fs::remove_file(&sock);
+        let mut c = Command::new(&self.binary);
+        c.args(["--log-level=warn", "switch"])
+            .arg(format!("--controller=127.0.0.1:{}", self.port))
+            .arg("--server-name=ctl")
+            .arg("--bind=127.0.0.1:0")
+            .arg(format!("--ca={}", tls.ca.display()))
+            .arg(format!("--cert={}", tls.cert.display()))
+            .arg(format!("--key={}", tls.key.display()))
+            .arg(format!("--reconnect-jitter={}ms", cfg.jitter.as_millis()))
+            .args(self.switch_services(i).map(|s| format!("--service={s}")));
+        if !cfg.zero_rtt {
+            c.arg("--no-zero-rtt");
+        }
+        let proc = spawn_service("quicsdn switch (storm)", &mut c, &log)?;
+        poll_until(
+            "the switch agent to listen",
+            Duration::from_secs(10),
+            || {
+                if !proc.is_alive() {
+                    bail!("the switch agent exited: {}", log_tail(&log, 5));
+                }
+                Ok(sock.exists().then_some(()))
+            },
+        )?;
+        Ok(proc)
     }
 
     fn run_config(
@@ -510,7 +578,8 @@ impl Bench {
             // Switch agents in batches, each connected before the next, so the
             // first connections are not themselves a storm.
             let mut agents = Vec::with_capacity(n);
-            for batch in (1..=n).collect::<Vec<_>>().chunks(50) {
+            let switch_proc = self.spawn_switch(n, cfg)?;
+            for batch in (1..n).collect::<Vec<_>>().chunks(50) {
                 let started: Vec<SwitchAgent> = rt.block_on(async {
                     let mut v = Vec::new();
                     for &i in batch {
@@ -531,8 +600,16 @@ impl Bench {
                     .collect(),
                 OvsTiming::default(),
             )?;
-            let outcome = self.measure(cfg, &mut ctl, &fleet, ctl_rss_empty, host_rss0);
+            let outcome = self.measure(
+                cfg,
+                &mut ctl,
+                &fleet,
+                ctl_rss_empty,
+                host_rss0,
+                &switch_proc,
+            );
             drop(fleet);
+            let _ = switch_proc.terminate(Duration::from_secs(10));
             rt.block_on(async {
                 let mut set = tokio::task::JoinSet::new();
                 for a in agents {
@@ -561,6 +638,7 @@ impl Bench {
         fleet: &Fleet,
         ctl_rss_empty: u64,
         host_rss0: u64,
+        switch_proc: &ProcRecord,
     ) -> Result<(Steady, Vec<Restart>)> {
         let n = self.switches;
         let t = Instant::now();
@@ -587,13 +665,18 @@ impl Bench {
             ctl_rss_full,
             ctl_idle_cpu_pct: 100.0 * (c1 - c0) / window.as_secs_f64(),
             host_kib_per_switch: host_rss.saturating_sub(host_rss0) as f64 / n as f64,
+            switch_rss: procs::status_kib(switch_proc.pid, "VmRSS").unwrap_or(0),
+            switch_anon: procs::status_kib(switch_proc.pid, "RssAnon").unwrap_or(0),
         };
         println!(
-            "idle: controller agent {:.1} MiB with {n} connections ({:.1} MiB empty, {:.1} KiB per connection), {:.1} % CPU",
+            "idle: controller agent {:.1} MiB with {n} connections ({:.1} MiB empty, {:.1} KiB per connection), {:.1} % CPU; \
+             a switch agent process {:.2} MiB ({:.2} MiB its own)",
             ctl_rss_full as f64 / 1024.0,
             ctl_rss_empty as f64 / 1024.0,
             (ctl_rss_full.saturating_sub(ctl_rss_empty)) as f64 / n as f64,
-            steady.ctl_idle_cpu_pct
+            steady.ctl_idle_cpu_pct,
+            steady.switch_rss as f64 / 1024.0,
+            steady.switch_anon as f64 / 1024.0,
         );
         let mut restarts = Vec::new();
         let mut starts = Vec::new();
@@ -854,6 +937,8 @@ fn write_results(dir: &Path, steadies: &[Steady], restarts: &[Restart], stop: St
             ),
             format!("{:.2}", s.ctl_idle_cpu_pct),
             format!("{:.1}", s.host_kib_per_switch),
+            s.switch_rss.to_string(),
+            s.switch_anon.to_string(),
         ]);
     }
     rc.write(&dir.join("restarts.csv"))?;
@@ -863,8 +948,10 @@ fn write_results(dir: &Path, steadies: &[Steady], restarts: &[Restart], stop: St
     let _ = writeln!(
         md,
         "{} switches (simulated Open vSwitch with OVS's reconnect timing, each behind its own \
-         switch agent with its own certificate and UDP socket, in one process) connected to one \
-         `quicsdn controller` process, on loopback. Each restart: {} to the controller agent \
+         switch agent with its own certificate and UDP socket, in one process but the last, \
+         which runs as a `quicsdn switch` process) connected to one \
+         `quicsdn controller` process, on loopback. Both agents carry the default services: \
+         OpenFlow, and OVSDB (a per-switch socket at the controller agent). Each restart: {} to the controller agent \
          and a new one on the same address. A switch is back when the controller received its \
          FEATURES_REPLY on a new connection. `1rtt`: `--no-zero-rtt`; `0rtt`: 0-RTT with \
          `--session-store`. `admission`: the defaults, `--max-handshakes={DEFAULT_MAX_HANDSHAKES}` \
@@ -900,6 +987,8 @@ fn write_results(dir: &Path, steadies: &[Steady], restarts: &[Restart], stop: St
                 ),
                 format!("{:.2}", s.ctl_idle_cpu_pct),
                 format!("{:.1}", s.host_kib_per_switch),
+                format!("{:.2}", s.switch_rss as f64 / 1024.0),
+                format!("{:.2}", s.switch_anon as f64 / 1024.0),
             ]
         })
         .collect();
@@ -911,6 +1000,8 @@ fn write_results(dir: &Path, steadies: &[Steady], restarts: &[Restart], stop: St
             "ctl KiB per connection",
             "ctl idle CPU (%)",
             "bench process KiB per switch (first config only)",
+            "switch agent process RSS (MiB)",
+            "of which its own (MiB)",
         ],
         &rows,
     );

@@ -366,4 +366,32 @@ mod tests {
             assert!(check_prefix(bad).is_err(), "{bad:?} accepted");
         }
     }
+
+    #[test]
+    fn sdudp_engine_sets() {
+        let p = SdudpSettings::parse_engines;
+        assert_eq!(p("all", 5).unwrap(), [1, 2, 3, 4, 5]);
+        assert_eq!(p("odd", 9).unwrap(), [1, 3, 5, 7, 9]);
+        // An even line: the far edge runs a TCP engine all the same.
+        assert_eq!(p("odd", 6).unwrap(), [1, 3, 5, 6]);
+        assert_eq!(p("9,5,1,5", 9).unwrap(), [1, 5, 9]);
+        for (bad, why) in [
+            ("2,9", "edges"),
+            ("1,5", "edges"),
+            ("1,10", "not in"),
+            ("1,x,9", "not a switch"),
+        ] {
+            let e = p(bad, 9).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn settings_without_the_line_fields_still_load() {
+        // A state file written before `--topology line` existed.
+        let old = r#"{"switches":1,"hosts_per_switch":2,"impairment":{"delay":null,"jitter":null,"loss_percent":null,"rate_bps":null},"transport":"quic","controller":"osken","openflow_port":6653}"#;
+        let s: LabSettings = serde_json::from_str(old).unwrap();
+        assert_eq!(s.topology, Topology::Flat);
+        assert!(s.sdudp.is_none() && s.link.is_none());
+    }
 }

@@ -38,6 +38,11 @@ fn project_binary(name: &str, env: &str) -> Result<PathBuf> {
     )
 }
 
+/// The SDUDP engine binary `quicsdn-sdudp` (`$QUICSDN_SDUDP_BIN` overrides).
+pub fn sdudp_binary() -> Result<PathBuf> {
+    project_binary("quicsdn-sdudp", "QUICSDN_SDUDP_BIN")
+}
+
 /// The `quicsdn` binary (`$QUICSDN_BIN` overrides).
 pub fn quicsdn_binary() -> Result<PathBuf> {
     project_binary("quicsdn", "QUICSDN_BIN")

@@ -143,6 +143,29 @@ struct UpArgs {
     /// Controller venvs directory (default: $QUICSDN_VENV_DIR or <repo>/.venv).
     #[arg(long)]
     venv_dir: Option<PathBuf>,
+    /// flat (a host on every switch) or line (the SDUDP paper's: host A on the
+    /// first switch, host B on the last, emulated data links).
+    #[arg(long, default_value = "flat")]
+    topology: quicsdn_lab::state::Topology,
+    /// line: one-way delay of each data link, per direction (e.g. 20ms).
+    #[arg(long, value_parser = parse_duration)]
+    link_delay: Option<std::time::Duration>,
+    /// line: random loss of each data link, per direction (e.g. 1%).
+    #[arg(long, value_parser = parse_percent)]
+    link_loss: Option<f64>,
+    /// line: rate of each data link, per direction (e.g. 10mbit).
+    #[arg(long, value_parser = parse_rate)]
+    link_rate: Option<u64>,
+    /// line: carry the hosts' TCP as SDUDP between the edge switches (docs/sdudp.md).
+    #[arg(long)]
+    sdudp: bool,
+    /// --sdudp: switches with an engine: all, odd or a list such as 1,5,9
+    /// (the edges always have one).
+    #[arg(long, default_value = "all", requires = "sdudp")]
+    engines: String,
+    /// --sdudp: send each read from a host at once instead of filling datagrams.
+    #[arg(long, requires = "sdudp")]
+    no_accumulate: bool,
     /// On failure, leave what was built in place for debugging.
     #[arg(long)]
     keep_on_error: bool,
@@ -168,6 +191,18 @@ fn run(cli: Cli) -> Result<()> {
             s.streams = a.streams;
             s.agent_args = a.agent_args;
             s.ovsdb = a.ovsdb;
+            s.topology = a.topology;
+            s.link.delay = a.link_delay;
+            s.link.loss_percent = a.link_loss;
+            s.link.rate_bps = a.link_rate;
+            if a.sdudp {
+                s.sdudp = Some(quicsdn_lab::state::SdudpSettings {
+                    engines: quicsdn_lab::state::SdudpSettings::parse_engines(
+                        &a.engines, a.switches,
+                    )?,
+                    accumulate: !a.no_accumulate,
+                });
+            }
             let out = topology::up(&cfg)?;
             let p = &cfg.prefix;
             match out.action {

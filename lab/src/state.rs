@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::control_link::{ControlLink, Impairment};
 use crate::controller::{ControllerKind, RunningController};
+use crate::emulator::link::LinkRecord;
 use crate::ovs::Ovs;
 use crate::process::ProcRecord;
 use crate::transport::Transport;
@@ -52,6 +53,103 @@ pub struct LabSettings {
     /// over the transport (see `topology::ovsdb_address`).
     #[serde(default)]
     pub ovsdb: bool,
+    /// `flat` (a host on every switch) or `line` (the SDUDP paper's: host A on
+    /// the first switch, host B on the last, emulated data links).
+    #[serde(default)]
+    pub topology: Topology,
+    /// `line`: the impairment of every data link, per direction.
+    #[serde(default)]
+    pub link: Impairment,
+    /// `line`: SDUDP engines beside the switches and the path installed by
+    /// the controller app `controllers/sdudp_path.py`.
+    #[serde(default)]
+    pub sdudp: Option<SdudpSettings>,
+}
+
+/// The lab's layout.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Topology {
+    /// Hosts on every switch, veth data links (the default).
+    #[default]
+    Flat,
+    /// Host A on switch 1, host B on switch N, emulated data links.
+    Line,
+}
+
+impl std::str::FromStr for Topology {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "flat" => Ok(Topology::Flat),
+            "line" => Ok(Topology::Line),
+            _ => bail!("unknown topology {s:?} (flat or line)"),
+        }
+    }
+}
+
+impl std::fmt::Display for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Topology::Flat => "flat",
+            Topology::Line => "line",
+        })
+    }
+}
+
+/// SDUDP on a `line` lab.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SdudpSettings {
+    /// Switches with an engine, ascending; always the two edges (TCP engines),
+    /// the others run retransmission engines.
+    pub engines: Vec<u32>,
+    /// Packet accumulation at the edges.
+    pub accumulate: bool,
+}
+
+impl SdudpSettings {
+    /// Parses `all`, `odd` or a list `1,5,9` for a line of `n` switches.
+    pub fn parse_engines(spec: &str, n: u32) -> Result<Vec<u32>> {
+        let v: Vec<u32> = match spec {
+            "all" => (1..=n).collect(),
+            "odd" => (1..=n).filter(|i| i % 2 == 1 || *i == n).collect(),
+            list => {
+                let mut v = Vec::new();
+                for x in list.split(',') {
+                    let i: u32 = x.trim().parse().map_err(|_| {
+                        anyhow::anyhow!("--engines: {x:?} is not a switch number (all, odd or a list like 1,5,9)")
+                    })?;
+                    if !(1..=n).contains(&i) {
+                        bail!("--engines: switch {i} is not in 1..={n}");
+                    }
+                    v.push(i);
+                }
+                v.sort_unstable();
+                v.dedup();
+                v
+            }
+        };
+        if v.first() != Some(&1) || v.last() != Some(&n) {
+            bail!("--engines must include the edges 1 and {n} (they run the TCP engines)");
+        }
+        Ok(v)
+    }
+}
+
+/// An SDUDP engine beside a switch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineRecord {
+    /// `sw1`, …
+    pub switch: String,
+    pub netns: String,
+    /// `edge` or `relay`.
+    pub role: String,
+    pub ip: String,
+    pub mac: String,
+    /// Its counters, rewritten every 100 ms (JSON).
+    pub stats: PathBuf,
+    /// `None` until it runs.
+    pub proc: Option<ProcRecord>,
 }
 
 /// A namespace the lab created (or was about to create).
@@ -98,6 +196,9 @@ pub struct DataLinkRecord {
     pub b_switch: String,
     pub b_port: String,
     pub b_ofport: u16,
+    /// `line` labs: the emulated link (its forwarder and TAPs) instead of a veth pair.
+    #[serde(default)]
+    pub emulated: Option<LinkRecord>,
 }
 
 /// Everything one lab created.
@@ -123,6 +224,9 @@ pub struct LabState {
     pub agents: Vec<ProcRecord>,
     /// The lab's CA directory, for `tls` and `quic`.
     pub pki_dir: Option<PathBuf>,
+    /// SDUDP engines (`--sdudp`), by switch.
+    #[serde(default)]
+    pub engines: Vec<EngineRecord>,
 }
 
 /// Checks a lab prefix: a letter, then letters or digits, at most 12 in all
@@ -261,5 +365,33 @@ mod tests {
         for bad in ["", "1abc", "q-s", "q/s", "abcdefghijklm", "qs dn"] {
             assert!(check_prefix(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn sdudp_engine_sets() {
+        let p = SdudpSettings::parse_engines;
+        assert_eq!(p("all", 5).unwrap(), [1, 2, 3, 4, 5]);
+        assert_eq!(p("odd", 9).unwrap(), [1, 3, 5, 7, 9]);
+        // An even line: the far edge runs a TCP engine all the same.
+        assert_eq!(p("odd", 6).unwrap(), [1, 3, 5, 6]);
+        assert_eq!(p("9,5,1,5", 9).unwrap(), [1, 5, 9]);
+        for (bad, why) in [
+            ("2,9", "edges"),
+            ("1,5", "edges"),
+            ("1,10", "not in"),
+            ("1,x,9", "not a switch"),
+        ] {
+            let e = p(bad, 9).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn settings_without_the_line_fields_still_load() {
+        // A state file written before `--topology line` existed.
+        let old = r#"{"switches":1,"hosts_per_switch":2,"impairment":{"delay":null,"jitter":null,"loss_percent":null,"rate_bps":null},"transport":"quic","controller":"osken","openflow_port":6653}"#;
+        let s: LabSettings = serde_json::from_str(old).unwrap();
+        assert_eq!(s.topology, Topology::Flat);
+        assert!(s.sdudp.is_none() && s.link.is_none());
     }
 }

@@ -36,6 +36,7 @@ use crate::cmd::require_root;
 use crate::control_link::{ControlLink, ControlLinkKind, ControlLinkSpec, Impairment};
 use crate::controller::{
     ControllerKind, ControllerSpec, FaucetDp, TlsFiles, faucet_config, start_controller,
+    start_controller_with,
 };
 use crate::emulator::{Accounting, LinkReport};
 use crate::host::{HostSpec, attach_host};
@@ -43,8 +44,8 @@ use crate::netns::{Netns, VethEnd, create_veth};
 use crate::ovs::{BridgeConfig, Ovs};
 use crate::pki::Pki;
 use crate::state::{
-    DataLinkRecord, HostRecord, LabSettings, LabState, NsRecord, STATE_VERSION, StateStore,
-    SwitchRecord, check_prefix,
+    DataLinkRecord, EngineRecord, HostRecord, LabSettings, LabState, NsRecord, STATE_VERSION,
+    SdudpSettings, StateStore, SwitchRecord, Topology, check_prefix,
 };
 use crate::transport::Transport;
 
@@ -168,6 +169,9 @@ impl LabConfig {
                 streams: None,
                 agent_args: Vec::new(),
                 ovsdb: false,
+                topology: Topology::Flat,
+                link: Impairment::default(),
+                sdudp: None,
             },
             keep_on_error: false,
             controller_timeout: Duration::from_secs(60),
@@ -187,6 +191,32 @@ impl LabConfig {
                 "--hosts-per-switch must be 0..={MAX_HOSTS_PER_SWITCH}, not {}",
                 s.hosts_per_switch
             );
+        }
+        if s.topology == Topology::Line && s.switches < 2 {
+            bail!("--topology line needs at least 2 switches (the paper uses 5 to 13)");
+        }
+        if s.topology != Topology::Line && !s.link.is_none() {
+            bail!("--link-delay, --link-loss and --link-rate are settings of --topology line");
+        }
+        if let Some(sd) = &s.sdudp {
+            if s.topology != Topology::Line {
+                bail!("--sdudp needs --topology line");
+            }
+            if !matches!(s.controller, ControllerKind::Osken | ControllerKind::Ryu) {
+                bail!(
+                    "--sdudp installs its path with an os-ken/Ryu app: use --controller osken or ryu, not {}",
+                    s.controller
+                );
+            }
+            if s.hosts_per_switch == 0 {
+                bail!("--sdudp needs a host on each edge (--hosts-per-switch ≥ 1)");
+            }
+            if sd.engines.first() != Some(&1) || sd.engines.last() != Some(&s.switches) {
+                bail!(
+                    "the SDUDP engines must include the edges 1 and {}",
+                    s.switches
+                );
+            }
         }
         if s.openflow_port == 0 {
             bail!("the OpenFlow port must not be 0");
@@ -273,8 +303,13 @@ pub fn up(cfg: &LabConfig) -> Result<UpOutcome> {
     let mut names = vec![ctl_netns(p)];
     for i in 1..=s.switches {
         names.push(switch_netns(p, i));
-        for j in 1..=s.hosts_per_switch {
-            names.push(host_netns(p, i, j));
+        if has_hosts(s, i) {
+            for j in 1..=s.hosts_per_switch {
+                names.push(host_netns(p, i, j));
+            }
+        }
+        if has_engine(s, i) {
+            names.push(engine_netns(p, i));
         }
     }
     if let Some(n) = names.iter().find(|n| Netns::exists(n)) {
@@ -299,6 +334,7 @@ pub fn up(cfg: &LabConfig) -> Result<UpOutcome> {
         controller: None,
         agents: Vec::new(),
         pki_dir: None,
+        engines: Vec::new(),
     };
     store.save(&state)?;
     match build(cfg, &store, &mut state) {
@@ -387,7 +423,7 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
     }
 
     // Hosts.
-    for i in 1..=s.switches {
+    for i in (1..=s.switches).filter(|&i| has_hosts(&s, i)) {
         let ovs = switch_ovs(state, i)?;
         for j in 1..=s.hosts_per_switch {
             let ns = create_ns(store, state, &host_netns(p, i, j))?;
@@ -419,20 +455,40 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
         let (a, b) = (switch_ovs(state, i)?, switch_ovs(state, i + 1)?);
         let (a_ns, b_ns) = (Netns::named(&a.netns), Netns::named(&b.netns));
         let (a_port, b_port) = (format!("sw{}", i + 1), format!("sw{i}"));
-        create_veth(&VethEnd::new(&a_ns, &a_port), &VethEnd::new(&b_ns, &b_port))?;
-        a_ns.link_up(&a_port)?;
-        b_ns.link_up(&b_port)?;
-        a.add_port(BRIDGE, &a_port, Some(OFPORT_NEXT))?;
-        b.add_port(BRIDGE, &b_port, Some(OFPORT_PREV))?;
         state.data_links.push(DataLinkRecord {
             a_switch: format!("sw{i}"),
-            a_port,
+            a_port: a_port.clone(),
             a_ofport: OFPORT_NEXT,
             b_switch: format!("sw{}", i + 1),
-            b_port,
+            b_port: b_port.clone(),
             b_ofport: OFPORT_PREV,
+            emulated: None,
         });
         store.save(state)?;
+        if s.topology == Topology::Line {
+            // An emulated link, so that loss, delay and rate apply and the
+            // frames and bytes on it are counted (the SDUDP paper's per-switch
+            // load). Its TAPs are the switches' ports.
+            let spec = data_link_spec(&cfg.prefix, &dir, i, &a_ns.name, &b_ns.name, &s.link);
+            let rec = crate::emulator::link::create_link(&spec, &lab_binary()?)
+                .with_context(|| format!("creating data link sw{i}-sw{}", i + 1))?;
+            state.data_links.last_mut().expect("just pushed").emulated = Some(rec);
+            store.save(state)?;
+        } else {
+            create_veth(&VethEnd::new(&a_ns, &a_port), &VethEnd::new(&b_ns, &b_port))?;
+            a_ns.link_up(&a_port)?;
+            b_ns.link_up(&b_port)?;
+        }
+        a.add_port(BRIDGE, &a_port, Some(OFPORT_NEXT))?;
+        b.add_port(BRIDGE, &b_port, Some(OFPORT_PREV))?;
+    }
+
+    // SDUDP engines' namespaces and ports (the processes start once the path is installed).
+    if let Some(sd) = &s.sdudp {
+        std::fs::create_dir_all(dir.join("engines"))?;
+        for &i in &sd.engines {
+            create_engine_port(store, state, &s, i)?;
+        }
     }
 
     // Controller. With `quic` it listens on its namespace's loopback only, so
@@ -465,7 +521,23 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
                 .then(|| faucet_config(&faucet_dps(state))),
             ready_timeout: cfg.controller_timeout,
         };
-        let running = start_controller(&ctl, &spec)?;
+        let running = match &s.sdudp {
+            Some(sd) => {
+                let path = dir.join("ctl").join("sdudp-path.json");
+                std::fs::write(&path, sdudp_path_json(state, sd).to_string())?;
+                let app = cfg.repo_dir.join("controllers").join("sdudp_path.py");
+                start_controller_with(
+                    &ctl,
+                    &spec,
+                    &[
+                        app.display().to_string(),
+                        format!("--sdudp-path={}", path.display()),
+                        format!("--sdudp-events={}", sdudp_events(&dir).display()),
+                    ],
+                )?
+            }
+            None => start_controller(&ctl, &spec)?,
+        };
         state.controller = Some(running);
         store.save(state)?;
     } else if let Some(pki) = pki.as_ref().filter(|_| !quic) {
@@ -588,7 +660,233 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
                 })?;
         }
     }
+    if let Some(sd) = &s.sdudp {
+        wait_path_installed(&dir, s.switches, cfg.connect_timeout)?;
+        for &i in &sd.engines {
+            start_engine(store, state, &s, sd, i)?;
+        }
+        let engines = state.engines.clone();
+        crate::wait::poll_until(
+            "the SDUDP engines to start",
+            Duration::from_secs(20),
+            || {
+                for e in &engines {
+                    let p = e.proc.as_ref().expect("started");
+                    if !p.is_alive() {
+                        bail!(
+                            "SDUDP engine of {} exited; last lines of its log:\n{}",
+                            e.switch,
+                            crate::process::log_tail(&e.stats.with_extension("log"), 15)
+                        );
+                    }
+                }
+                Ok(engines.iter().all(|e| e.stats.exists()).then_some(()))
+            },
+        )?;
+    }
     Ok(())
+}
+
+/// `line` labs have hosts on the two edges only.
+fn has_hosts(s: &LabSettings, i: u32) -> bool {
+    s.topology == Topology::Flat || i == 1 || i == s.switches
+}
+
+fn has_engine(s: &LabSettings, i: u32) -> bool {
+    s.sdudp.as_ref().is_some_and(|sd| sd.engines.contains(&i))
+}
+
+/// `P-eI`: the SDUDP engine beside switch I.
+pub fn engine_netns(prefix: &str, i: u32) -> String {
+    format!("{prefix}-e{i}")
+}
+/// `10.0.I.254`, on the hosts' /16.
+pub fn engine_ip(i: u32) -> Ipv4Addr {
+    Ipv4Addr::new(10, 0, i as u8, 254)
+}
+/// `02:51:00:00:II:fe`.
+pub fn engine_mac(i: u32) -> String {
+    format!("02:51:00:00:{:02x}:fe", i as u8)
+}
+/// OpenFlow port of the engine on its switch.
+pub const OFPORT_ENGINE: u16 = 100;
+
+/// The emulated data link between switches `i` and `i+1` (`P-dI`).
+fn data_link_spec(
+    prefix: &str,
+    dir: &Path,
+    i: u32,
+    a_ns: &str,
+    b_ns: &str,
+    imp: &Impairment,
+) -> crate::emulator::link::LinkSpec {
+    let mut spec = crate::emulator::link::LinkSpec::new(
+        &format!("{prefix}-d{i}"),
+        a_ns,
+        b_ns,
+        Ipv4Addr::new(10, 253, i as u8, 1),
+        Ipv4Addr::new(10, 253, i as u8, 2),
+    );
+    spec.tap_a = format!("sw{}", i + 1);
+    spec.tap_b = format!("sw{i}");
+    spec.run_dir = dir.join("links");
+    spec.seed = None;
+    let d = ControlLinkSpec::new(i, prefix, a_ns, b_ns, *imp).dir_settings();
+    spec.with_settings(d)
+}
+
+fn sdudp_events(dir: &Path) -> PathBuf {
+    dir.join("ctl").join("sdudp-events.jsonl")
+}
+
+/// The path `controllers/sdudp_path.py` installs.
+fn sdudp_path_json(state: &LabState, sd: &SdudpSettings) -> serde_json::Value {
+    let n = state.settings.switches;
+    let mut hosts = serde_json::Map::new();
+    for i in [1, n] {
+        let v: Vec<serde_json::Value> = state
+            .hosts
+            .iter()
+            .filter(|h| h.switch == format!("sw{i}"))
+            .map(|h| serde_json::json!([h.ofport, h.mac]))
+            .collect();
+        hosts.insert(i.to_string(), v.into());
+    }
+    let macs: serde_json::Map<String, serde_json::Value> = sd
+        .engines
+        .iter()
+        .map(|&i| (i.to_string(), engine_mac(i).into()))
+        .collect();
+    serde_json::json!({
+        "switches": n,
+        "engines": sd.engines,
+        "engine_port": OFPORT_ENGINE,
+        "prev_port": OFPORT_PREV,
+        "next_port": OFPORT_NEXT,
+        "engine_macs": macs,
+        "hosts": hosts,
+    })
+}
+
+/// Waits until the controller app has had every switch confirm its path rules (a barrier).
+fn wait_path_installed(dir: &Path, n: u32, timeout: Duration) -> Result<()> {
+    let events = sdudp_events(dir);
+    crate::wait::poll_until("the SDUDP path rules on every switch", timeout, || {
+        let text = std::fs::read_to_string(&events).unwrap_or_default();
+        let done: std::collections::BTreeSet<u64> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["event"] == "path_installed")
+            .filter_map(|e| e["dpid"].as_u64())
+            .collect();
+        Ok((1..=u64::from(n)).all(|i| done.contains(&i)).then_some(()))
+    })
+}
+
+/// The engine's namespace, its veth to the switch (OpenFlow port 100), its address.
+fn create_engine_port(
+    store: &StateStore,
+    state: &mut LabState,
+    s: &LabSettings,
+    i: u32,
+) -> Result<()> {
+    let p = state.prefix.clone();
+    let ns = create_ns(store, state, &engine_netns(&p, i))?;
+    let sw = Netns::named(switch_netns(&p, i));
+    create_veth(
+        &VethEnd::new(&ns, "sw").with_mac(&engine_mac(i)),
+        &VethEnd::new(&sw, "eng"),
+    )?;
+    ns.add_addr("sw", &format!("{}/16", engine_ip(i)))?;
+    ns.link_up("sw")?;
+    ns.link_up("lo")?;
+    sw.link_up("eng")?;
+    switch_ovs(state, i)?.add_port(BRIDGE, "eng", Some(OFPORT_ENGINE))?;
+    // An edge engine's kernel answers its hosts' TCP: it knows their MACs.
+    if i == 1 || i == s.switches {
+        for h in state.hosts.iter().filter(|h| h.switch == format!("sw{i}")) {
+            ns.ip(&[
+                "neigh",
+                "replace",
+                &h.ip,
+                "lladdr",
+                &h.mac,
+                "dev",
+                "sw",
+                "nud",
+                "permanent",
+            ])?;
+        }
+    }
+    state.engines.push(EngineRecord {
+        switch: format!("sw{i}"),
+        netns: ns.name.clone(),
+        role: if i == 1 || i == s.switches {
+            "edge"
+        } else {
+            "relay"
+        }
+        .into(),
+        ip: engine_ip(i).to_string(),
+        mac: engine_mac(i),
+        stats: state.dir.join("engines").join(format!("e{i}.json")),
+        proc: None,
+    });
+    store.save(state)
+}
+
+/// Starts switch `i`'s engine: an edge (TCP engine) on 1 and N, a relay between.
+fn start_engine(
+    store: &StateStore,
+    state: &mut LabState,
+    s: &LabSettings,
+    sd: &SdudpSettings,
+    i: u32,
+) -> Result<()> {
+    let n = s.switches;
+    let k = sd.engines.iter().position(|&e| e == i).expect("an engine");
+    let nb = |j: u32| format!("{},{}", engine_ip(j), engine_mac(j));
+    let idx = state
+        .engines
+        .iter()
+        .position(|e| e.switch == format!("sw{i}"))
+        .context("engine not recorded")?;
+    let stats = state.engines[idx].stats.clone();
+    let ns = Netns::named(&state.engines[idx].netns);
+    let mut c = ns.command(crate::agents::sdudp_binary()?);
+    let me = [
+        "--ip".to_string(),
+        engine_ip(i).to_string(),
+        "--mac".into(),
+        engine_mac(i),
+    ];
+    if i == 1 || i == n {
+        let (next, far) = if i == 1 {
+            (sd.engines[1], n)
+        } else {
+            (sd.engines[k - 1], 1)
+        };
+        c.args(["edge", "--interface", "sw"]).args(&me);
+        c.arg(format!("--neighbour={}", nb(next)));
+        c.arg(format!("--far-edge=10.0.{far}.0/24={}", engine_ip(far)));
+        if !sd.accumulate {
+            c.arg("--no-accumulate");
+        }
+    } else {
+        c.args(["relay", "--interface", "sw"]).args(&me);
+        c.arg(format!("--left={}", nb(sd.engines[k - 1])));
+        c.arg(format!("--right={}", nb(sd.engines[k + 1])));
+    }
+    c.arg("--stats")
+        .arg(&stats)
+        .args(["--stats-interval", "100ms"]);
+    let proc = crate::process::spawn_service(
+        &format!("SDUDP engine sw{i}"),
+        &mut c,
+        &stats.with_extension("log"),
+    )?;
+    state.engines[idx].proc = Some(proc);
+    store.save(state)
 }
 
 /// The agents' extra options: `--streams`, then the lab's agent arguments
@@ -745,6 +1043,14 @@ pub fn check_health(state: &LabState) -> Result<()> {
     if let Some(a) = state.agents.iter().find(|a| !a.is_alive()) {
         bail!("{} (pid {}) is not running", a.name, a.pid);
     }
+    if let Some(a) = state
+        .engines
+        .iter()
+        .filter_map(|e| e.proc.as_ref())
+        .find(|a| !a.is_alive())
+    {
+        bail!("{} (pid {}) is not running", a.name, a.pid);
+    }
     for l in &state.control_links {
         if let Some(p) = l.procs.iter().find(|p| !p.is_alive()) {
             bail!("{} (pid {}) is not running", p.name, p.pid);
@@ -765,6 +1071,9 @@ pub fn teardown(state: &LabState) -> Result<()> {
             errors.push(format!("{e:#}"));
         }
     };
+    for a in state.engines.iter().filter_map(|e| e.proc.as_ref()) {
+        note(a.terminate(grace));
+    }
     for a in state.agents.iter().rev() {
         note(a.terminate(grace));
     }
@@ -773,6 +1082,9 @@ pub fn teardown(state: &LabState) -> Result<()> {
     }
     for l in &state.control_links {
         note(l.destroy());
+    }
+    for l in state.data_links.iter().filter_map(|l| l.emulated.as_ref()) {
+        note(crate::emulator::link::destroy_link(l));
     }
     for sw in &state.switches {
         if let Some(ovs) = &sw.ovs {
@@ -871,6 +1183,37 @@ pub struct ControlLinkStatus {
     pub report: Option<LinkReport>,
 }
 
+/// A host, for tools that run their own traffic (`status --json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct HostStatus {
+    pub name: String,
+    pub netns: String,
+    pub ipv4: String,
+    pub switch: String,
+}
+
+/// An SDUDP engine, live.
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineStatus {
+    pub switch: String,
+    pub netns: String,
+    pub role: String,
+    pub ipv4: String,
+    pub running: bool,
+    /// Its last counters (what `quicsdn-sdudp --stats` writes).
+    pub stats: Option<serde_json::Value>,
+}
+
+/// An emulated data link (`line` labs), live.
+#[derive(Debug, Clone, Serialize)]
+pub struct DataLinkStatus {
+    pub a_switch: String,
+    pub b_switch: String,
+    /// For `quicsdn-lab link set|show`.
+    pub link: String,
+    pub report: Option<LinkReport>,
+}
+
 /// What `status` shows.
 #[derive(Debug, Clone, Serialize)]
 pub struct LabStatus {
@@ -883,6 +1226,10 @@ pub struct LabStatus {
     pub controller_listening: Option<bool>,
     pub switches: Vec<SwitchStatus>,
     pub control_links: Vec<ControlLinkStatus>,
+    /// Every host's namespace and IPv4 address.
+    pub hosts: Vec<HostStatus>,
+    pub engines: Vec<EngineStatus>,
+    pub data_links: Vec<DataLinkStatus>,
     pub state: LabState,
 }
 
@@ -937,6 +1284,47 @@ pub fn status(run_dir: &Path, prefix: &str) -> Result<Option<LabStatus>> {
         controller_listening,
         switches,
         control_links,
+        hosts: state
+            .hosts
+            .iter()
+            .map(|h| HostStatus {
+                name: h.name.clone(),
+                netns: h.netns.clone(),
+                ipv4: h.ip.clone(),
+                switch: h.switch.clone(),
+            })
+            .collect(),
+        engines: state
+            .engines
+            .iter()
+            .map(|e| EngineStatus {
+                switch: e.switch.clone(),
+                netns: e.netns.clone(),
+                role: e.role.clone(),
+                ipv4: e.ip.clone(),
+                running: e.proc.as_ref().is_some_and(|p| p.is_alive()),
+                stats: std::fs::read(&e.stats)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice(&b).ok()),
+            })
+            .collect(),
+        data_links: state
+            .data_links
+            .iter()
+            .filter_map(|l| {
+                let rec = l.emulated.as_ref()?;
+                Some(DataLinkStatus {
+                    a_switch: l.a_switch.clone(),
+                    b_switch: l.b_switch.clone(),
+                    link: rec.name.clone(),
+                    report: rec
+                        .control()
+                        .show()
+                        .ok()
+                        .map(|st| st.report(&Accounting::default())),
+                })
+            })
+            .collect(),
         state,
     }))
 }
@@ -962,6 +1350,20 @@ impl LabStatus {
             Err(e) => format!("BROKEN: {e} (`down` removes it)"),
         };
         o += &format!("lab {}: {health}\n", self.prefix);
+        if s.topology == Topology::Line {
+            o += &format!(
+                "  line: hosts on sw1 and sw{}{}\n",
+                s.switches,
+                match &s.sdudp {
+                    Some(sd) => format!(
+                        ", SDUDP engines on {:?}, accumulation {}",
+                        sd.engines,
+                        if sd.accumulate { "on" } else { "off" }
+                    ),
+                    None => ", plain TCP".into(),
+                }
+            );
+        }
         o += &format!(
             "  {} switch(es) x {} host(s), transport {}, controller {}, OpenFlow port {}\n",
             s.switches, s.hosts_per_switch, s.transport, s.controller, s.openflow_port
@@ -1016,6 +1418,22 @@ impl LabStatus {
                 "  {:<8} ns {:<16} {:<15} {}  on {} port {} (ofport {})\n",
                 h.name, h.netns, h.cidr, h.mac, h.switch, h.port, h.ofport
             );
+        }
+        if !self.engines.is_empty() {
+            o += "SDUDP engines:\n";
+        }
+        for e in &self.engines {
+            o += &format!(
+                "  {:<5} beside {}: ns {} {} running {}\n",
+                e.role,
+                e.switch,
+                e.netns,
+                e.ipv4,
+                if e.running { "yes" } else { "NO" }
+            );
+        }
+        if !s.link.is_none() {
+            o += &format!("  data links: {}\n", s.link);
         }
         if !self.state.data_links.is_empty() {
             o += "data links:\n";

@@ -144,6 +144,39 @@ fn refusals_are_clear_and_create_nothing() {
             &["up", "--transport", "tcp", "--switches", "251"],
             "--switches",
         ),
+        (&["up", "--switches", "5", "--sdudp"], "--topology line"),
+        (
+            &["up", "--switches", "5", "--link-loss", "1%"],
+            "--topology line",
+        ),
+        (
+            &[
+                "up",
+                "--topology",
+                "line",
+                "--switches",
+                "9",
+                "--sdudp",
+                "--engines",
+                "2,9",
+            ],
+            "edges 1 and 9",
+        ),
+        (
+            &[
+                "up",
+                "--topology",
+                "line",
+                "--switches",
+                "5",
+                "--sdudp",
+                "--controller",
+                "faucet",
+            ],
+            "os-ken",
+        ),
+        (&["up", "--topology", "ring"], "unknown topology"),
+        (&["up", "--engines", "odd"], "--sdudp"),
     ];
     for (args, want) in cases {
         let out = fails(p, args);

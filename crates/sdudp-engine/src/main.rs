@@ -78,6 +78,10 @@ struct EngineArgs {
     /// Retransmission timeout before any round-trip sample.
     #[arg(long, value_parser = parse_duration, default_value = "100ms")]
     initial_rto: Duration,
+    /// No per-hop congestion window: send all the next engine's window allows
+    /// at once (the paper's engines; bursts then overflow switch ports).
+    #[arg(long)]
+    no_congestion_window: bool,
     /// Write counters as JSON to this file, atomically, every --stats-interval.
     #[arg(long)]
     stats: Option<PathBuf>,
@@ -90,6 +94,11 @@ impl EngineArgs {
         let cfg = Config {
             capacity: self.capacity,
             initial_rto: self.initial_rto,
+            congestion: if self.no_congestion_window {
+                None
+            } else {
+                Config::default().congestion
+            },
             ..Config::default()
         };
         cfg.validate().map_err(anyhow::Error::msg)?;

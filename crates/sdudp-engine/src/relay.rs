@@ -229,6 +229,7 @@ impl<Io: FrameIo> Relay<Io> {
             "engine": {
                 "forwarded": s.forwarded,
                 "retransmitted": s.retransmitted,
+                "window_reductions": s.window_reductions,
                 "nacks": s.nacks,
                 "nack_repeats": s.nack_repeats,
                 "requested": s.requested,

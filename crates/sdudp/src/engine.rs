@@ -72,12 +72,15 @@ pub struct EngineStats {
     pub unknown: u64,
     /// Most datagrams one flow held at once.
     pub max_held: usize,
+    /// Congestion-window reductions of this engine's senders.
+    pub window_reductions: u64,
 }
 
 fn add_flow(s: &mut EngineStats, relay: &Relay) {
     let (tx, rx) = (&relay.tx.stats, &relay.rx.stats);
     s.forwarded += tx.sent;
     s.retransmitted += tx.retransmitted;
+    s.window_reductions += tx.window_reductions;
     s.probes += tx.probes;
     s.nacks += rx.nacks;
     s.nack_repeats += rx.nack_repeats;

@@ -388,6 +388,50 @@ pub struct SenderStats {
     pub feedbacks: u64,
     /// FEEDBACK messages ignored (releasing what was never sent).
     pub bad_feedback: u64,
+    /// Congestion-window reductions (requests for datagrams sent after the last one).
+    pub window_reductions: u64,
+}
+
+/// The per-hop congestion window ([`crate::CongestionConfig`]).
+#[derive(Debug, Clone)]
+struct Cwnd {
+    cwnd: u64,
+    ssthresh: u64,
+    min: u64,
+    /// Datagrams released since the window last grew in congestion avoidance.
+    acked: u64,
+    /// A request for a sequence number at or above this is a new loss event.
+    recover: u64,
+}
+
+impl Cwnd {
+    fn on_release(&mut self, n: u64, cap: u64) {
+        if self.cwnd < self.ssthresh {
+            // RFC 5681 (2): slow start, one per datagram released.
+            self.cwnd = (self.cwnd + n).min(self.ssthresh.max(self.cwnd));
+        } else {
+            // RFC 5681 (3): about one per window.
+            self.acked += n;
+            if self.acked >= self.cwnd {
+                self.acked -= self.cwnd;
+                self.cwnd += 1;
+            }
+        }
+        self.cwnd = self.cwnd.min(cap);
+    }
+
+    /// A request for `seq`; `sent_end` is one past the highest sent.
+    fn on_request(&mut self, seq: u64, sent_end: u64) -> bool {
+        if seq < self.recover {
+            return false;
+        }
+        // RFC 5681 (4) with RFC 6582's recovery point: once per window.
+        self.ssthresh = (self.cwnd / 2).max(self.min);
+        self.cwnd = self.ssthresh;
+        self.acked = 0;
+        self.recover = sent_end;
+        true
+    }
 }
 
 /// The sending half of a flow at one engine.
@@ -421,6 +465,7 @@ pub struct HopSender {
     finished: bool,
     failed: bool,
     rtt: Rtt,
+    cwnd: Option<Cwnd>,
     pub stats: SenderStats,
 }
 
@@ -447,12 +492,24 @@ impl HopSender {
             finished: false,
             failed: false,
             rtt: Rtt::new(cfg),
+            cwnd: cfg.congestion.map(|c| Cwnd {
+                cwnd: u64::from(c.initial),
+                ssthresh: u64::from(cfg.capacity),
+                min: u64::from(c.min),
+                acked: 0,
+                recover: 0,
+            }),
             stats: SenderStats::default(),
         }
     }
 
     pub fn flow(&self) -> FlowKey {
         self.flow
+    }
+
+    /// The congestion window, if there is one.
+    pub fn cwnd(&self) -> Option<u64> {
+        self.cwnd.as_ref().map(|c| c.cwnd)
     }
 
     /// The first sequence number not yet released by the next engine.
@@ -524,7 +581,11 @@ impl HopSender {
                 return Some((id_of(seq), self.buf[(seq - self.base) as usize].clone()));
             }
         }
-        if self.next_tx < self.end() && self.next_tx < self.limit {
+        let window_open = self
+            .cwnd
+            .as_ref()
+            .is_none_or(|c| self.next_tx < self.base + c.cwnd);
+        if self.next_tx < self.end() && self.next_tx < self.limit && window_open {
             let seq = self.next_tx;
             self.next_tx += 1;
             if seq < self.sent_end {
@@ -557,6 +618,11 @@ impl HopSender {
         self.probes = 0;
         self.first_probe_at = None;
         let fresh = cum >= self.base;
+        if let Some(c) = &mut self.cwnd
+            && cum > self.base
+        {
+            c.on_release(cum - self.base, self.capacity as u64);
+        }
         // A reordered older feedback releases nothing new.
         while self.base < cum {
             self.buf.pop_front();
@@ -587,6 +653,11 @@ impl HopSender {
             for seq in first..first + u64::from(count) {
                 if seq >= self.base && seq < self.next_tx.min(self.sent_end) {
                     self.retx.insert(seq);
+                    if let Some(c) = &mut self.cwnd
+                        && c.on_request(seq, self.sent_end)
+                    {
+                        self.stats.window_reductions += 1;
+                    }
                 }
             }
         }

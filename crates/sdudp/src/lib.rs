@@ -95,6 +95,34 @@ pub struct Config {
     /// Most flows one engine holds; datagrams of further flows are dropped
     /// (their senders then fail them visibly).
     pub max_flows: usize,
+    /// A per-hop congestion window (below), so that a sender never puts a
+    /// whole window on the next hop's port at once. `None`: send everything
+    /// the next engine's window allows at once (the paper's engines).
+    pub congestion: Option<CongestionConfig>,
+}
+
+/// The per-hop congestion window, in datagrams, NewReno-style (RFC 5681
+/// §3.1–3.2, RFC 6582's one reduction per window): it starts at `initial`,
+/// grows by one per datagram the next engine releases below `ssthresh` (slow
+/// start) and by one per window above it, and halves (never below `min`)
+/// once per window of datagrams when the next engine requests a datagram
+/// sent after the last reduction. New datagrams go out only while fewer than
+/// the window are unreleased; retransmissions always go. Losses on a lossy
+/// link also halve it, as they do TCP's, but the hop's round trip is short,
+/// so it regrows fast.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CongestionConfig {
+    pub initial: u32,
+    pub min: u32,
+}
+
+impl Default for CongestionConfig {
+    fn default() -> CongestionConfig {
+        CongestionConfig {
+            initial: 32,
+            min: 8,
+        }
+    }
 }
 
 impl Default for Config {
@@ -114,6 +142,7 @@ impl Default for Config {
             linger: Duration::from_secs(10),
             max_nack_ranges: 64,
             max_flows: 65_536,
+            congestion: Some(CongestionConfig::default()),
         }
     }
 }
@@ -138,6 +167,11 @@ impl Config {
         }
         if self.max_nack_ranges == 0 {
             return Err("max_nack_ranges must be at least 1".into());
+        }
+        if let Some(c) = self.congestion
+            && (c.min == 0 || c.min > c.initial)
+        {
+            return Err("need 0 < congestion min <= initial".into());
         }
         Ok(())
     }

@@ -326,6 +326,10 @@ pub struct CommonArgs {
     /// to at most max(RTT, 25ms)). [default: the peer's own, 25ms]
     #[arg(long, value_name = "DURATION")]
     pub ack_delay: Option<String>,
+    /// Length in bytes (4 to 8) of the QUIC connection IDs this agent issues,
+    /// which every packet the peer sends to it carries. [default: 4]
+    #[arg(long, value_name = "BYTES")]
+    pub cid_len: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -437,6 +441,7 @@ pub struct FileConfig {
     pub coalesce: Option<String>,
     pub ack_threshold: Option<u32>,
     pub ack_delay: Option<String>,
+    pub cid_len: Option<usize>,
     // Switch agent only.
     pub controller: Option<OneOrMany>,
     pub server_name: Option<String>,
@@ -537,6 +542,15 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
                     None => None,
                 },
             }),
+        },
+        cid_len: match args.cid_len.or(file.cid_len.take()) {
+            None => defaults.cid_len,
+            Some(n) if quicsdn_transport::quic::CID_LENS.contains(&n) => n,
+            Some(n) => bail!(
+                "--cid-len {n}: connection IDs of {} to {} bytes (--zero-length-cid on the switch agent for none)",
+                quicsdn_transport::quic::CID_LENS.start(),
+                quicsdn_transport::quic::CID_LENS.end()
+            ),
         },
         ..defaults
     };
@@ -802,6 +816,10 @@ mod tests {
         );
         assert!(t.common.quic.zero_length_cid);
         assert!(switch(&["--coalesce", "soon"]).is_err());
+        assert_eq!(d.common.quic.cid_len, 4);
+        assert_eq!(switch(&["--cid-len", "8"]).unwrap().common.quic.cid_len, 8);
+        assert!(switch(&["--cid-len", "3"]).is_err());
+        assert!(switch(&["--cid-len", "9"]).is_err());
     }
 
     #[test]

@@ -115,6 +115,29 @@ pub(crate) fn network_header(f: &[u8]) -> Option<(u16, usize)> {
 /// [`Classifier::is_ack_only`]).
 pub const UDP_ACK_ONLY_MAX_PAYLOAD: usize = 64;
 
+/// The IP protocol number and transport segment of an IPv4 or IPv6 frame
+/// (first fragments only; the segment ends where the IP length says).
+/// `Some(None)`: not IP; `None`: malformed.
+fn transport_segment(f: &[u8]) -> Option<Option<(u8, &[u8])>> {
+    let (ethertype, off) = network_header(f)?;
+    let ip = f.get(off..)?;
+    Some(Some(match ethertype {
+        ETH_P_IPV4 => {
+            let ihl = ((*ip.first()? & 0x0f) as usize) * 4;
+            let total = be16(ip, 2)? as usize;
+            if ihl < 20 || total < ihl || total > ip.len() || be16(ip, 6)? & 0x1fff != 0 {
+                return None;
+            }
+            (*ip.get(9)?, &ip[ihl..total])
+        }
+        ETH_P_IPV6 => {
+            let plen = be16(ip, 4)? as usize;
+            (*ip.get(6)?, ip.get(40..40 + plen)?)
+        }
+        _ => return Some(None),
+    }))
+}
+
 /// What a frame carries, for the accounting of overhead by kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum FrameKind {
@@ -143,22 +166,8 @@ impl Classifier {
     }
 
     fn try_is_handshake(&self, f: &[u8]) -> Option<bool> {
-        let (ethertype, off) = network_header(f)?;
-        let ip = f.get(off..)?;
-        let (proto, seg) = match ethertype {
-            ETH_P_IPV4 => {
-                let ihl = ((*ip.first()? & 0x0f) as usize) * 4;
-                let total = be16(ip, 2)? as usize;
-                if ihl < 20 || total < ihl || total > ip.len() || be16(ip, 6)? & 0x1fff != 0 {
-                    return None;
-                }
-                (*ip.get(9)?, &ip[ihl..total])
-            }
-            ETH_P_IPV6 => {
-                let plen = be16(ip, 4)? as usize;
-                (*ip.get(6)?, ip.get(40..40 + plen)?)
-            }
-            _ => return Some(false),
+        let Some((proto, seg)) = transport_segment(f)? else {
+            return Some(false);
         };
         match proto {
             IPPROTO_TCP => {
@@ -193,23 +202,8 @@ impl Classifier {
     }
 
     fn try_is_ack_only(&self, f: &[u8]) -> Option<bool> {
-        let (ethertype, off) = network_header(f)?;
-        let (proto, seg) = match ethertype {
-            ETH_P_IPV4 => {
-                let ip = f.get(off..)?;
-                let ihl = ((*ip.first()? & 0x0f) as usize) * 4;
-                let total = be16(ip, 2)? as usize;
-                if ihl < 20 || total < ihl || total > ip.len() || be16(ip, 6)? & 0x1fff != 0 {
-                    return None;
-                }
-                (*ip.get(9)?, &ip[ihl..total])
-            }
-            ETH_P_IPV6 => {
-                let ip = f.get(off..)?;
-                let plen = be16(ip, 4)? as usize;
-                (*ip.get(6)?, ip.get(40..40 + plen)?)
-            }
-            _ => return Some(false),
+        let Some((proto, seg)) = transport_segment(f)? else {
+            return Some(false);
         };
         match proto {
             IPPROTO_TCP => {

@@ -52,6 +52,14 @@ pub struct DemoArgs {
     /// preamble, FCS, inter-frame gap; the quicSDN paper's Table 1 uses 28).
     #[arg(long, default_value_t = 24)]
     pub overhead: u32,
+    /// After the workload, count this long of the idle channel (OVS's echo and
+    /// the transport's keep-alives) separately. 0s: skip.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub idle: Duration,
+    /// An extra quicsdn option for both agents of the quic run (repeatable),
+    /// e.g. --agent-arg=--keepalive=2s.
+    #[arg(long = "agent-arg", allow_hyphen_values = true)]
+    pub agent_args: Vec<String>,
     /// Lab name prefix used for the demo's labs.
     #[arg(long = "demo-prefix", default_value = "qsdndemo")]
     pub prefix: String,
@@ -64,14 +72,49 @@ struct Totals {
     /// Frames without application data (ACKs, keep-alives; see
     /// `Classifier::is_ack_only`).
     ack_only_frames: u64,
+    ack_only_bytes: u64,
+    /// Connection setup and teardown (`FrameKind::Handshake`).
+    handshake_frames: u64,
+    handshake_bytes: u64,
     wire_bytes: u64,
     openflow_bytes: u64,
+    /// The idle period after the workload: frames and wire bytes.
+    idle_frames: u64,
+    idle_bytes: u64,
 }
 
 impl Totals {
     fn overhead(&self) -> u64 {
         self.wire_bytes.saturating_sub(self.openflow_bytes)
     }
+
+    /// Adds what the control links carried (both directions).
+    fn add_links(&mut self, state: &LabState, acc: &Accounting) -> Result<()> {
+        for st in link_states(state)? {
+            let r = st.report(acc);
+            for d in [&r.a_to_b, &r.b_to_a] {
+                let o = &d.total.offered;
+                self.frames += o.frames;
+                self.ack_only_frames += o.ack_only_frames;
+                self.ack_only_bytes += o.ack_only_wire_bytes;
+                self.handshake_frames += o.handshake_frames;
+                self.handshake_bytes += o.handshake_wire_bytes;
+                self.wire_bytes += o.wire_bytes;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn reset_counters(state: &LabState) -> Result<()> {
+    for l in &state.control_links {
+        l.emulator
+            .as_ref()
+            .context("control link without an emulator")?
+            .control()
+            .reset_counters()?;
+    }
+    Ok(())
 }
 
 /// Bytes the controller has sent (acknowledged) and received on its OpenFlow
@@ -149,6 +192,9 @@ fn run_one(args: &DemoArgs, transport: Transport, acc: &Accounting) -> Result<To
     s.switches = args.switches;
     s.hosts_per_switch = args.hosts_per_switch;
     s.transport = transport;
+    if transport == Transport::Quic {
+        s.agent_args = args.agent_args.clone();
+    }
     s.controller = ControllerKind::Osken;
     s.impairment = Impairment {
         delay: Some(args.delay),
@@ -163,13 +209,7 @@ fn run_one(args: &DemoArgs, transport: Transport, acc: &Accounting) -> Result<To
         // Settle: the handshakes are done when `up` returns; let echoes and the
         // first flow installs pass, then count from zero.
         wait_quiet(&state, Duration::from_millis(500))?;
-        for l in &state.control_links {
-            l.emulator
-                .as_ref()
-                .context("control link without an emulator")?
-                .control()
-                .reset_counters()?;
-        }
+        reset_counters(&state)?;
         let before = controller_socket_bytes(&ctl, cfg.settings.openflow_port)?;
         println!("== {transport}: workload (pings across the switches, then 100 ARP broadcasts)");
         workload(&cfg)?;
@@ -179,13 +219,19 @@ fn run_one(args: &DemoArgs, transport: Transport, acc: &Accounting) -> Result<To
             openflow_bytes: (after.0 - before.0) + (after.1 - before.1),
             ..Totals::default()
         };
-        for st in link_states(&state)? {
-            let r = st.report(acc);
-            for d in [&r.a_to_b, &r.b_to_a] {
-                t.frames += d.total.offered.frames;
-                t.ack_only_frames += d.total.offered.ack_only_frames;
-                t.wire_bytes += d.total.offered.wire_bytes;
-            }
+        t.add_links(&state, acc)?;
+        if !args.idle.is_zero() {
+            println!(
+                "== {transport}: idle for {:?} (OVS's echo, keep-alives)",
+                args.idle
+            );
+            reset_counters(&state)?;
+            // A measurement period, not a wait for readiness.
+            std::thread::sleep(args.idle);
+            let mut idle = Totals::default();
+            idle.add_links(&state, acc)?;
+            t.idle_frames = idle.frames;
+            t.idle_bytes = idle.wire_bytes;
         }
         Ok(t)
     })();
@@ -211,8 +257,16 @@ pub fn run(args: DemoArgs) -> Result<()> {
     println!(
         "\ncontrol-plane traffic of one workload: {} switches x {} hosts, os-ken L2 app, \
          control links with {:?} one-way delay and {}% loss per direction (both directions summed); \
-         quic with the agents' defaults (class-aware coalescing, ACK frequency)\n",
-        args.switches, args.hosts_per_switch, args.delay, args.loss
+         quic with the agents' defaults (class-aware coalescing, ACK frequency){}\n",
+        args.switches,
+        args.hosts_per_switch,
+        args.delay,
+        args.loss,
+        if args.agent_args.is_empty() {
+            String::new()
+        } else {
+            format!(" and {}", args.agent_args.join(" "))
+        }
     );
     println!(
         "{:<22} {:>12} {:>12} {:>12}",
@@ -225,17 +279,54 @@ pub fn run(args: DemoArgs) -> Result<()> {
             tcp.ack_only_frames,
             quic.ack_only_frames,
         ),
+        (
+            "  of them handshake",
+            tcp.handshake_frames,
+            quic.handshake_frames,
+        ),
         ("wire bytes", tcp.wire_bytes, quic.wire_bytes),
+        (
+            "  in data packets",
+            tcp.wire_bytes - tcp.ack_only_bytes - tcp.handshake_bytes,
+            quic.wire_bytes - quic.ack_only_bytes - quic.handshake_bytes,
+        ),
+        (
+            "  in ACK-only packets",
+            tcp.ack_only_bytes,
+            quic.ack_only_bytes,
+        ),
+        ("  in handshake", tcp.handshake_bytes, quic.handshake_bytes),
         ("OpenFlow bytes", tcp.openflow_bytes, quic.openflow_bytes),
         ("overhead bytes", tcp.overhead(), quic.overhead()),
     ];
     for (name, t, q) in rows {
         println!("{name:<22} {t:>12} {q:>12} {:>12}", pct(q, t));
     }
+    if !args.idle.is_zero() {
+        let per_hour = |x: u64| x as f64 * 3600.0 / args.idle.as_secs_f64();
+        println!(
+            "\nidle for {:?} after the workload (keep-alive: OVS's echo every 5 s, and quic's PINGs and their ACKs):",
+            args.idle
+        );
+        for (name, t, q) in [
+            ("packets", tcp.idle_frames, quic.idle_frames),
+            ("wire bytes", tcp.idle_bytes, quic.idle_bytes),
+        ] {
+            println!(
+                "{:<22} {t:>12} {q:>12} {:>12}   (per hour: tcp {:.0}, quic {:.0})",
+                format!("  {name}"),
+                pct(q, t),
+                per_hour(t),
+                per_hour(q)
+            );
+        }
+    }
     println!("\n{}", acc.convention());
     println!(
         "overhead = wire bytes - OpenFlow bytes; OpenFlow bytes are what the controller sent and \
-         received on its sockets (retransmissions excluded)."
+         received on its sockets (retransmissions excluded). ACK-only: packets without \
+         application data (TCP pure ACKs; QUIC packets of at most 64 bytes of UDP payload: ACKs, \
+         keep-alive PINGs); handshake: TCP SYN/FIN/RST, QUIC long-header packets."
     );
     Ok(())
 }

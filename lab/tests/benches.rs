@@ -144,6 +144,7 @@ fn table1_quick_installs_configures_and_polls_with_real_ovs() {
         quick: true,
         transports: all_transports().join(","),
         prefix: "qsdnB3".into(),
+        agent_args: Vec::new(),
         no_plots: true,
     })
     .expect("table1 bench (it checks every flow, transaction and stats reply itself)");

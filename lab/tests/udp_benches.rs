@@ -173,6 +173,7 @@ fn table1_quick_with_udp_transports() {
         quick: true,
         transports: "udp-seed,udp-robust".into(),
         prefix: "qsdnU6".into(),
+        agent_args: Vec::new(),
         no_plots: true,
     })
     .expect("table1 bench (it checks every flow, transaction and stats reply itself)");
@@ -196,6 +197,7 @@ fn table2_quick_measures_every_metric_and_reads_the_agents_counters() {
         samples: None,
         conditions: None,
         prefix: "qsdnU7".into(),
+        agent_args: Vec::new(),
     })
     .expect("table2 bench");
     let (csv, counters) = table2::read(dir.path()).expect("schema");

@@ -75,8 +75,18 @@ fn channel_of(session: u64, opener: Opener) -> Option<u16> {
 
 fn udp_config(profile: Profile, common: &crate::CommonConfig) -> Config {
     let mut c = Config::new(profile);
-    c.keepalive = common.quic.keepalive;
-    c.idle_timeout = common.quic.idle_timeout;
+    // The UDP transport's liveness probes start after one keepalive interval
+    // of silence and need the rest of the grace period to tell loss from death,
+    // so the QUIC agents' default (just short of the grace period, see
+    // `agent_keepalive_for`) becomes half of it here; an explicit other
+    // --keepalive stands.
+    let grace = common.quic.idle_timeout;
+    c.keepalive = if common.quic.keepalive == quicsdn_transport::quic::agent_keepalive_for(grace) {
+        quicsdn_transport::quic::keepalive_for(grace)
+    } else {
+        common.quic.keepalive
+    };
+    c.idle_timeout = grace;
     c
 }
 

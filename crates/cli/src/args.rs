@@ -159,7 +159,10 @@ pub struct QuicArgs {
     pub key: Option<PathBuf>,
     /// Send a QUIC PING after hearing nothing from the other side for this long,
     /// so an idle connection stays up and a NAT keeps its mapping. Dead-peer
-    /// detection is --grace's, not this. [default: half of --grace, 3s]
+    /// detection is --grace's, not this. [default: agents: --grace minus an
+    /// eighth of it, at least 750ms (5.25s), longer than Open vSwitch's 5 s
+    /// echo cycle so its echoes keep an idle channel alive without PINGs;
+    /// proxy: half of --grace (3s)]
     #[arg(long, value_name = "DURATION")]
     pub keepalive: Option<String>,
     /// The grace period: how long the connection survives while the other
@@ -193,10 +196,13 @@ pub struct QuicFile {
 
 impl QuicArgs {
     /// The transport settings: flags over the file over `defaults`.
+    /// `keepalive_for` derives the keepalive from the grace period when
+    /// `--keepalive` is not given.
     pub fn quic_options(
         &mut self,
         file: &mut QuicFile,
         defaults: QuicOptions,
+        keepalive_for: fn(Duration) -> Duration,
     ) -> Result<QuicOptions> {
         let idle_timeout = duration(
             self.idle_timeout.take(),
@@ -209,7 +215,7 @@ impl QuicArgs {
                 self.keepalive.take(),
                 file.keepalive.take(),
                 "keepalive",
-                quicsdn_transport::quic::keepalive_for(idle_timeout),
+                keepalive_for(idle_timeout),
             )?,
             idle_timeout,
             stream_window: match self.stream_window.take().or(file.stream_window.take()) {
@@ -326,6 +332,10 @@ pub struct CommonArgs {
     /// to at most max(RTT, 25ms)). [default: the peer's own, 25ms]
     #[arg(long, value_name = "DURATION")]
     pub ack_delay: Option<String>,
+    /// Length in bytes (4 to 8) of the QUIC connection IDs this agent issues,
+    /// which every packet the peer sends to it carries. [default: 4]
+    #[arg(long, value_name = "BYTES")]
+    pub cid_len: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -437,6 +447,7 @@ pub struct FileConfig {
     pub coalesce: Option<String>,
     pub ack_threshold: Option<u32>,
     pub ack_delay: Option<String>,
+    pub cid_len: Option<usize>,
     // Switch agent only.
     pub controller: Option<OneOrMany>,
     pub server_name: Option<String>,
@@ -511,7 +522,11 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
         congestion: file.congestion.take(),
     };
     let mut quic_args = args.quic;
-    let defaults = quic_args.quic_options(&mut quic_file, QuicOptions::default())?;
+    let defaults = quic_args.quic_options(
+        &mut quic_file,
+        QuicOptions::default(),
+        quicsdn_transport::quic::agent_keepalive_for,
+    )?;
     let quic = QuicOptions {
         zero_rtt: !args.no_zero_rtt && file.zero_rtt.take().unwrap_or(defaults.zero_rtt),
         ack_frequency: match args
@@ -537,6 +552,15 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
                     None => None,
                 },
             }),
+        },
+        cid_len: match args.cid_len.or(file.cid_len.take()) {
+            None => defaults.cid_len,
+            Some(n) if quicsdn_transport::quic::CID_LENS.contains(&n) => n,
+            Some(n) => bail!(
+                "--cid-len {n}: connection IDs of {} to {} bytes (--zero-length-cid on the switch agent for none)",
+                quicsdn_transport::quic::CID_LENS.start(),
+                quicsdn_transport::quic::CID_LENS.end()
+            ),
         },
         ..defaults
     };
@@ -764,7 +788,7 @@ mod tests {
             Some(quicsdn_transport::quic::DEFAULT_ACK_FREQUENCY)
         );
         assert!(!d.common.quic.zero_length_cid);
-        assert_eq!(d.common.quic.keepalive, Duration::from_secs(3));
+        assert_eq!(d.common.quic.keepalive, Duration::from_millis(5250));
         assert_eq!(
             d.common.coalesce,
             Some(quicsdn_lanes::coalesce::DEFAULT_WINDOW)
@@ -782,7 +806,7 @@ mod tests {
         assert_eq!(knobs.common.quic.ack_frequency, None);
         assert!(knobs.common.quic.zero_length_cid);
         assert_eq!(knobs.common.coalesce, None);
-        assert_eq!(knobs.common.quic.keepalive, Duration::from_secs(5));
+        assert_eq!(knobs.common.quic.keepalive, Duration::from_millis(8750));
         assert!(switch(&["--ack-threshold", "many"]).is_err());
         assert!(switch(&["--ack-threshold", "off", "--ack-delay", "5ms"]).is_err());
         let t = switch(&[
@@ -802,6 +826,10 @@ mod tests {
         );
         assert!(t.common.quic.zero_length_cid);
         assert!(switch(&["--coalesce", "soon"]).is_err());
+        assert_eq!(d.common.quic.cid_len, 4);
+        assert_eq!(switch(&["--cid-len", "8"]).unwrap().common.quic.cid_len, 8);
+        assert!(switch(&["--cid-len", "3"]).is_err());
+        assert!(switch(&["--cid-len", "9"]).is_err());
     }
 
     #[test]

@@ -133,7 +133,11 @@ impl ProxyServerArgs {
         let config = ServerConfig {
             listen: required(self.listen, file.listen.take(), "listen")?,
             tls: self.quic.tls_files(&mut qf)?,
-            quic: self.quic.quic_options(&mut qf, default_quic())?,
+            quic: self.quic.quic_options(
+                &mut qf,
+                default_quic(),
+                quicsdn_transport::quic::keepalive_for,
+            )?,
             forwards: file.forwards(self.forwards, Side::Server)?,
             connect_timeout: duration(
                 self.connect_timeout,
@@ -166,7 +170,11 @@ impl ProxyClientArgs {
             server,
             bind: self.bind.or(file.bind.take()),
             tls: self.quic.tls_files(&mut qf)?,
-            quic: self.quic.quic_options(&mut qf, default_quic())?,
+            quic: self.quic.quic_options(
+                &mut qf,
+                default_quic(),
+                quicsdn_transport::quic::keepalive_for,
+            )?,
             forwards: file.forwards(self.forwards, Side::Client)?,
             max_backoff: duration(
                 self.max_backoff,

@@ -5,7 +5,6 @@ use crate::resumption::SessionStore;
 use crate::tls::{Application, Credentials, TlsError};
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Endpoint, EndpointConfig, IdleTimeout, TransportConfig, VarInt};
-use quinn_proto::HashedConnectionIdGenerator;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,10 +16,12 @@ use std::time::Duration;
 pub struct QuicOptions {
     /// Send a PING after this long without hearing from the peer (quinn restarts
     /// the timer on every packet received), so an idle connection does not time
-    /// out (RFC 9000 §10.1.2) and a NAT's mapping stays fresh. Half the idle
-    /// timeout by default ([`keepalive_for`]): one PING and its ACK per idle
-    /// interval, with time left for a lost PING's retransmission before the
-    /// peer's idle timeout. Dead-peer detection is the idle timeout's, not this.
+    /// out (RFC 9000 §10.1.2) and a NAT's mapping stays fresh. For the agents
+    /// ([`agent_keepalive_for`]) just short of the idle timeout, so that Open
+    /// vSwitch's own echo (every 5 s on an idle channel) keeps the connection
+    /// alive and the PING goes only when OVS is silent; elsewhere (the proxy)
+    /// half the idle timeout ([`keepalive_for`]). Dead-peer detection is the
+    /// idle timeout's, not this.
     pub keepalive: Duration,
     /// Declare the peer dead after this long without hearing from it (RFC 9000
     /// §10.1). Kept below Open vSwitch's default 2 × 5 s inactivity probe, so the
@@ -60,6 +61,10 @@ pub struct QuicOptions {
     /// told apart from it; in the storm test 40 of 50 switch agents then
     /// needed a second connection (docs/benchmarks.md).
     pub zero_length_cid: bool,
+    /// Length in bytes of the connection IDs this endpoint issues, which every
+    /// short-header packet the peer sends to it carries (RFC 9000 §17.3.1).
+    /// [`DEFAULT_CID_LEN`] by default; see [`CID_LENS`].
+    pub cid_len: usize,
     /// What the connection carries (its ALPN name, and what logs call each end).
     pub application: Application,
 }
@@ -138,16 +143,52 @@ pub const DEFAULT_ACK_FREQUENCY: AckFrequency = AckFrequency {
     max_delay: None,
 };
 
-/// The default keepalive for an idle timeout: half of it.
+/// The connection ID length the agents issue by default: 4 bytes instead of
+/// quinn's 8, 4 bytes less in every packet either way. Still a non-zero
+/// length, so quinn routes by connection ID and not by address alone (the
+/// storm test failed with zero-length IDs, see [`QuicOptions::zero_length_cid`]).
+/// Enough for either side: the switch agent has a connection or two, with 8
+/// IDs each; the controller agent's IDs have a 3-byte random part (16 M
+/// values; quinn draws again on a collision) and a 1-byte keyed check
+/// ([`KeyedConnectionIdGenerator`]).
+pub const DEFAULT_CID_LEN: usize = 4;
+
+/// The connection ID lengths the agents accept (`--cid-len`).
+pub const CID_LENS: std::ops::RangeInclusive<usize> = 4..=8;
+
+/// The keepalive for an idle timeout when nothing else keeps the connection
+/// busy (the proxy): half of it, the other half for a lost PING's
+/// retransmission.
 pub fn keepalive_for(idle_timeout: Duration) -> Duration {
     idle_timeout / 2
+}
+
+/// The agents' keepalive for an idle timeout (the grace period): an eighth of
+/// it, at least 750 ms, before it ends (5.25 s with the default 6 s), but never
+/// less than half of it.
+///
+/// Why: Open vSwitch probes an idle OpenFlow (and OVSDB) connection with an
+/// echo request after 5 s without hearing from the controller, and the reply
+/// comes back through the agents, so on an idle channel each agent hears from
+/// the other at least every 5 s plus an RTT. A keepalive longer than that
+/// sends no PING while OVS echoes; one of 3 s (half the grace period) sent a
+/// PING and its ACK in every echo cycle, 65 % more idle packets than TCP in
+/// the demo, against 4 % more with 5.25 s (docs/benchmarks.md). The PING still
+/// goes when OVS is silent (probes off, or a lost echo), and the last 750 ms
+/// leave room for PTO retransmissions of it at a short RTT (quinn's idle
+/// timer is also at least 3 PTOs); dead-peer detection stays the idle
+/// timeout's. On a lossy long-RTT link with OVS's probes off, a shorter
+/// `--keepalive` (e.g. half of `--grace`) is the safer choice.
+pub fn agent_keepalive_for(idle_timeout: Duration) -> Duration {
+    let margin = (idle_timeout / 8).max(Duration::from_millis(750));
+    idle_timeout.saturating_sub(margin).max(idle_timeout / 2)
 }
 
 impl Default for QuicOptions {
     fn default() -> Self {
         let idle_timeout = Duration::from_secs(6);
         QuicOptions {
-            keepalive: keepalive_for(idle_timeout),
+            keepalive: agent_keepalive_for(idle_timeout),
             idle_timeout,
             streams: StreamLimits::default(),
             // quinn's default: 100 ms at 100 Mbit/s.
@@ -157,6 +198,7 @@ impl Default for QuicOptions {
             ack_frequency: Some(DEFAULT_ACK_FREQUENCY),
             // Off: see the field's documentation.
             zero_length_cid: false,
+            cid_len: DEFAULT_CID_LEN,
             application: crate::tls::AGENTS,
         }
     }
@@ -306,7 +348,8 @@ pub fn server_endpoint(
     let keys = RestartStableKeys::new(creds, listen);
     let mut config = EndpointConfig::new(keys.stateless_reset());
     let cid_key = keys.connection_ids();
-    config.cid_generator(move || Box::new(HashedConnectionIdGenerator::from_key(cid_key)));
+    let cid_len = opts.cid_len;
+    config.cid_generator(move || Box::new(KeyedConnectionIdGenerator::new(cid_key, cid_len)));
     // After a crash every switch agent lost contact at the same instant, so
     // their probes arrive together; quinn's default of one reset per 20 ms
     // answered a few per burst and left the rest to their grace period. No
@@ -399,6 +442,72 @@ impl RestartStableKeys {
     }
 }
 
+/// The controller agent's connection IDs: a random nonce of [`CID_NONCE_LEN`]
+/// bytes and a keyed check of the rest (like quinn's
+/// `HashedConnectionIdGenerator`, which is fixed at 8 bytes), so that a
+/// restarted agent tells its predecessor's IDs (stateless reset, RFC 9000
+/// §10.3) from junk. The check is a cheap filter, not a secret: a junk
+/// packet passes with a 1-in-256 chance at 4 bytes and earns a stateless
+/// reset, which is always smaller than the packet (§10.3.3), so it
+/// amplifies nothing.
+pub struct KeyedConnectionIdGenerator {
+    key: u64,
+    len: usize,
+}
+
+/// The random part of [`KeyedConnectionIdGenerator`]'s IDs: 16 M values.
+const CID_NONCE_LEN: usize = 3;
+
+impl KeyedConnectionIdGenerator {
+    /// IDs of `len` bytes, clamped to [`CID_LENS`].
+    pub fn new(key: u64, len: usize) -> Self {
+        KeyedConnectionIdGenerator {
+            key,
+            len: len.clamp(*CID_LENS.start(), *CID_LENS.end()),
+        }
+    }
+
+    fn check(&self, nonce: &[u8]) -> [u8; 8] {
+        use std::hash::{Hash, Hasher};
+        // SipHash with fixed keys; the secret is hashed in with the nonce.
+        #[allow(deprecated)]
+        let mut h = std::hash::SipHasher::new();
+        self.key.hash(&mut h);
+        nonce.hash(&mut h);
+        h.finish().to_le_bytes()
+    }
+}
+
+impl quinn::ConnectionIdGenerator for KeyedConnectionIdGenerator {
+    fn generate_cid(&mut self) -> quinn::ConnectionId {
+        let mut id = [0u8; 8];
+        id[..CID_NONCE_LEN].copy_from_slice(&rand::random::<[u8; CID_NONCE_LEN]>());
+        let check = self.check(&id[..CID_NONCE_LEN]);
+        id[CID_NONCE_LEN..self.len].copy_from_slice(&check[..self.len - CID_NONCE_LEN]);
+        quinn::ConnectionId::new(&id[..self.len])
+    }
+
+    fn validate(&self, cid: &quinn::ConnectionId) -> Result<(), quinn_proto::InvalidCid> {
+        if cid.len() != self.len {
+            return Err(quinn_proto::InvalidCid);
+        }
+        let (nonce, check) = cid.split_at(CID_NONCE_LEN);
+        if self.check(nonce)[..check.len()] == *check {
+            Ok(())
+        } else {
+            Err(quinn_proto::InvalidCid)
+        }
+    }
+
+    fn cid_len(&self) -> usize {
+        self.len
+    }
+
+    fn cid_lifetime(&self) -> Option<Duration> {
+        None
+    }
+}
+
 /// The switch agent's client configuration.
 pub fn client_config(
     creds: &Credentials,
@@ -441,6 +550,11 @@ pub fn client_endpoint(
     let mut config = EndpointConfig::default();
     if opts.zero_length_cid {
         config.cid_generator(|| Box::new(ZeroLengthCid));
+    } else {
+        let cid_len = opts.cid_len;
+        config.cid_generator(move || {
+            Box::new(quinn_proto::RandomConnectionIdGenerator::new(cid_len))
+        });
     }
     let mut endpoint = Endpoint::new(config, None, socket, runtime()?)?;
     endpoint.set_default_client_config(client_config(creds, opts)?);
@@ -471,6 +585,17 @@ mod tests {
     }
 
     #[test]
+    fn the_agents_keepalive_outlasts_ovs_echo_cycle_and_leaves_a_margin() {
+        let ms = |n| Duration::from_millis(n);
+        assert_eq!(agent_keepalive_for(ms(6000)), ms(5250));
+        assert_eq!(agent_keepalive_for(ms(10_000)), ms(8750));
+        assert_eq!(agent_keepalive_for(ms(4000)), ms(3250));
+        assert_eq!(agent_keepalive_for(ms(1000)), ms(500));
+        assert_eq!(QuicOptions::default().keepalive, ms(5250));
+        assert_eq!(keepalive_for(ms(6000)), ms(3000));
+    }
+
+    #[test]
     fn the_restart_stable_keys_survive_a_restart_and_differ_per_key_and_address() {
         use quinn::ConnectionIdGenerator;
         let dir = tempfile::tempdir().unwrap();
@@ -487,10 +612,20 @@ mod tests {
         let restarted = RestartStableKeys::new(&reloaded, addr);
         assert_eq!(token(&restarted, &cid), token(&keys, &cid));
         assert_eq!(restarted.connection_ids(), keys.connection_ids());
-        // The restarted agent recognises its predecessor's connection IDs.
-        let issued = HashedConnectionIdGenerator::from_key(keys.connection_ids()).generate_cid();
-        let check = HashedConnectionIdGenerator::from_key(restarted.connection_ids());
-        assert!(check.validate(&issued).is_ok());
+        // The restarted agent recognises its predecessor's connection IDs, of
+        // every length.
+        let issue = |k: &RestartStableKeys, len| {
+            let mut g = KeyedConnectionIdGenerator::new(k.connection_ids(), len);
+            (0..200).map(|_| g.generate_cid()).collect::<Vec<_>>()
+        };
+        for len in CID_LENS {
+            let check = KeyedConnectionIdGenerator::new(restarted.connection_ids(), len);
+            for id in issue(&keys, len) {
+                assert_eq!(id.len(), len);
+                assert!(check.validate(&id).is_ok());
+            }
+        }
+        let issued = issue(&keys, DEFAULT_CID_LEN);
         // Another private key, or another address: other keys.
         for k in [
             RestartStableKeys::new(&other, addr),
@@ -498,8 +633,13 @@ mod tests {
         ] {
             assert_ne!(token(&k, &cid), token(&keys, &cid));
             assert_ne!(k.connection_ids(), keys.connection_ids());
-            let check = HashedConnectionIdGenerator::from_key(k.connection_ids());
-            assert!(check.validate(&issued).is_err());
+            // Another key passes 1 in 256 of the 4-byte IDs by chance.
+            let check = KeyedConnectionIdGenerator::new(k.connection_ids(), DEFAULT_CID_LEN);
+            let passed = issued
+                .iter()
+                .filter(|id| check.validate(id).is_ok())
+                .count();
+            assert!(passed < 20, "{passed} of 200 passed another key's check");
         }
         // Another connection ID: another token.
         assert_ne!(token(&keys, &[8u8; 8]), token(&keys, &cid));

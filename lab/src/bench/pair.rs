@@ -63,10 +63,11 @@ pub const TUNED_ARGS: [&str; 3] = ["--coalesce=10ms", "--zero-length-cid", "--ac
 
 /// The agents' defaults before issue 13: no coalescing, an ACK every second
 /// packet, 8-byte connection IDs both ways, a keep-alive every 2 s.
-pub const OLD_DEFAULT_ARGS: [&str; 4] = [
+pub const OLD_DEFAULT_ARGS: [&str; 5] = [
     "--coalesce=off",
     "--ack-threshold=off",
     "--zero-length-cid=false",
+    "--cid-len=8",
     "--keepalive=2s",
 ];
 

@@ -87,6 +87,10 @@ pub struct Table1Args {
     /// Lab prefix of the bench's labs (at most 12 characters).
     #[arg(long, default_value = "qsdnbench")]
     pub prefix: String,
+    /// Extra option for both quicsdn agents of the QUIC transports
+    /// (repeatable), e.g. `--agent-arg=--coalesce=off`.
+    #[arg(long = "agent-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub agent_args: Vec<String>,
     /// Skip the PNG plot.
     #[arg(long)]
     pub no_plots: bool,
@@ -489,7 +493,9 @@ fn db_reader(mut rd: Reader, wr: Arc<Mutex<Writer>>, tx: Sender<DbEvent>) {
 
 // ---- the experiments ----
 
-pub(crate) fn lab_config(prefix: &str, t: BenchTransport) -> LabConfig {
+/// A one-switch lab for transport `t`; `agent_args` go to both agents of the
+/// QUIC transports (after `quic-tuned`'s own, so they win).
+pub(crate) fn lab_config(prefix: &str, t: BenchTransport, agent_args: &[String]) -> LabConfig {
     let mut cfg = LabConfig::new(prefix);
     let s = &mut cfg.settings;
     s.switches = 1;
@@ -500,6 +506,9 @@ pub(crate) fn lab_config(prefix: &str, t: BenchTransport) -> LabConfig {
     s.streams = t.streams().map(str::to_string);
     if t == BenchTransport::QuicTuned {
         s.agent_args = TUNED_ARGS.iter().map(|a| a.to_string()).collect();
+    }
+    if t.is_quic() {
+        s.agent_args.extend(agent_args.iter().cloned());
     }
     cfg
 }
@@ -857,7 +866,7 @@ pub fn run(args: Table1Args) -> Result<()> {
     let mut csv = Csv::new(HEADER);
     let started = Instant::now();
     for &t in &transports {
-        let cfg = lab_config(&args.prefix, t);
+        let cfg = lab_config(&args.prefix, t, &args.agent_args);
         let _ = topology::down(&cfg.run_dir, &cfg.prefix);
         println!("== {t}: bringing up a one-switch lab");
         let state = topology::up(&cfg)?.state;
@@ -873,7 +882,7 @@ pub fn run(args: Table1Args) -> Result<()> {
     };
     std::fs::write(
         args.out.join("table1.md"),
-        summary(&csv, started.elapsed(), &plots),
+        summary(&csv, started.elapsed(), &plots, &args.agent_args),
     )?;
     println!("wrote {}", args.out.display());
     Ok(())
@@ -941,7 +950,7 @@ fn run_transport(
     Ok(())
 }
 
-fn summary(csv: &Csv, took: Duration, plots: &[PathBuf]) -> String {
+fn summary(csv: &Csv, took: Duration, plots: &[PathBuf], agent_args: &[String]) -> String {
     let c = |n: &str| csv.col(n);
     let mut transports: Vec<String> = Vec::new();
     for r in &csv.rows {
@@ -954,6 +963,12 @@ fn summary(csv: &Csv, took: Duration, plots: &[PathBuf]) -> String {
     );
     s += &out::provenance();
     s += &format!("- run time: {:.0} s\n", took.as_secs_f64());
+    if !agent_args.is_empty() {
+        s += &format!(
+            "- extra options of both agents of the QUIC transports: `{}`\n",
+            agent_args.join(" ")
+        );
+    }
     s += "- one real Open vSwitch 3.1 (userspace datapath) per transport, a benchmark controller speaking OpenFlow 1.3 and OVSDB itself, no impairment on the control link; bytes/s = wire bytes (IP + 28 B/frame), both directions, ÷ the time until the switch confirmed the work (barrier reply and flow count; every transaction reply; every complete stats reply)\n";
     s += "- levels: flows/s and queues/s are target rates (the reached rate is in parentheses when it fell short by more than 5 %); statistics polling: flows installed, one poll per second\n\n";
     let mut header = vec![

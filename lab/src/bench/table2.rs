@@ -95,6 +95,10 @@ pub struct Table2Args {
     /// Name prefix of the labs (at most 10 characters).
     #[arg(long, default_value = "qsdnbench")]
     pub prefix: String,
+    /// Extra option for both quicsdn agents of the QUIC transports
+    /// (repeatable), e.g. `--agent-arg=--coalesce=off`.
+    #[arg(long = "agent-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub agent_args: Vec<String>,
 }
 
 /// A control-link condition.
@@ -310,7 +314,7 @@ pub fn run(args: Table2Args) -> Result<()> {
     let mut notes = Vec::new();
     for cond in conditions(args.quick, args.conditions.as_deref())? {
         for &t in &transports {
-            let mut cfg = table1::lab_config(&args.prefix, t);
+            let mut cfg = table1::lab_config(&args.prefix, t, &args.agent_args);
             cfg.settings.impairment = Impairment {
                 delay: (cond.delay_ms > 0).then(|| Duration::from_millis(cond.delay_ms)),
                 loss_percent: (cond.loss_percent > 0.0).then_some(cond.loss_percent),
@@ -348,7 +352,14 @@ pub fn run(args: Table2Args) -> Result<()> {
     counters.write(&args.out.join("table2-udp-counters.csv"))?;
     std::fs::write(
         args.out.join("table2.md"),
-        summary(&csv, &counters, n, started.elapsed(), &notes),
+        summary(
+            &csv,
+            &counters,
+            n,
+            started.elapsed(),
+            &notes,
+            &args.agent_args,
+        ),
     )?;
     println!("wrote {}", args.out.display());
     Ok(())
@@ -437,7 +448,14 @@ fn run_one(
     Ok(())
 }
 
-fn summary(csv: &Csv, counters: &Csv, n: usize, took: Duration, notes: &[String]) -> String {
+fn summary(
+    csv: &Csv,
+    counters: &Csv,
+    n: usize,
+    took: Duration,
+    notes: &[String],
+    agent_args: &[String],
+) -> String {
     let c = |k: &str| csv.col(k);
     let mut s = String::from(
         "# TCP vs UDP latency (paper `openflow-over-udp-ryu-ovs`, Table 2), extended\n\n",
@@ -452,6 +470,12 @@ fn summary(csv: &Csv, counters: &Csv, n: usize, took: Duration, notes: &[String]
         "- loss and delay apply to both directions of the control link; a sample unanswered after {} s counts as lost\n",
         SAMPLE_TIMEOUT.as_secs()
     );
+    if !agent_args.is_empty() {
+        s += &format!(
+            "- extra options of both agents of the QUIC transports: `{}`\n",
+            agent_args.join(" ")
+        );
+    }
     s += "- `udp-seed` is the paper's mechanism (fixed 1 s RTO, 3 retransmits then the message is dropped, unordered); `udp-robust` adds RFC 6298 RTO, ordering, congestion control and fragmentation; neither authenticates or encrypts\n\n";
     s += "## The paper (localhost, Ryu ↔ OVS)\n\n";
     let rows: Vec<Vec<String>> = PAPER

@@ -49,6 +49,7 @@ pub fn settings(quick: bool) -> Vec<(&'static str, Vec<&'static str>)> {
             "defaults + zero-length CIDs (switch)",
             vec!["--zero-length-cid"],
         ),
+        ("defaults, 8-byte CIDs", vec!["--cid-len=8"]),
     ];
     if quick {
         v.truncate(2);

@@ -115,7 +115,75 @@ pub(crate) fn network_header(f: &[u8]) -> Option<(u16, usize)> {
 /// [`Classifier::is_ack_only`]).
 pub const UDP_ACK_ONLY_MAX_PAYLOAD: usize = 64;
 
+/// The IP protocol number and transport segment of an IPv4 or IPv6 frame
+/// (first fragments only; the segment ends where the IP length says).
+/// `Some(None)`: not IP; `None`: malformed.
+fn transport_segment(f: &[u8]) -> Option<Option<(u8, &[u8])>> {
+    let (ethertype, off) = network_header(f)?;
+    let ip = f.get(off..)?;
+    Some(Some(match ethertype {
+        ETH_P_IPV4 => {
+            let ihl = ((*ip.first()? & 0x0f) as usize) * 4;
+            let total = be16(ip, 2)? as usize;
+            if ihl < 20 || total < ihl || total > ip.len() || be16(ip, 6)? & 0x1fff != 0 {
+                return None;
+            }
+            (*ip.get(9)?, &ip[ihl..total])
+        }
+        ETH_P_IPV6 => {
+            let plen = be16(ip, 4)? as usize;
+            (*ip.get(6)?, ip.get(40..40 + plen)?)
+        }
+        _ => return Some(None),
+    }))
+}
+
+/// What a frame carries, for the accounting of overhead by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FrameKind {
+    /// Application data (with whatever control rides along).
+    #[default]
+    Data,
+    /// Transport control only: ACKs, keep-alive PINGs, window updates
+    /// ([`Classifier::is_ack_only`]).
+    AckOnly,
+    /// Connection setup and teardown: TCP SYN, FIN or RST segments without
+    /// payload; QUIC long-header packets (Initial, 0-RTT, Handshake, Retry) on
+    /// the QUIC port.
+    Handshake,
+}
+
 impl Classifier {
+    /// The kind of a frame: handshake, ACK-only or data (see [`FrameKind`]).
+    pub fn frame_kind(&self, f: &[u8]) -> FrameKind {
+        if self.try_is_handshake(f).unwrap_or(false) {
+            FrameKind::Handshake
+        } else if self.is_ack_only(f) {
+            FrameKind::AckOnly
+        } else {
+            FrameKind::Data
+        }
+    }
+
+    fn try_is_handshake(&self, f: &[u8]) -> Option<bool> {
+        let Some((proto, seg)) = transport_segment(f)? else {
+            return Some(false);
+        };
+        match proto {
+            IPPROTO_TCP => {
+                let doff = ((*seg.get(12)? >> 4) as usize) * 4;
+                let flags = *seg.get(13)?;
+                // SYN, FIN or RST without payload (a FIN on a data segment is data).
+                Some(seg.len() == doff && flags & 0x07 != 0)
+            }
+            IPPROTO_UDP => {
+                let quic = be16(seg, 0)? == self.quic_port || be16(seg, 2)? == self.quic_port;
+                Some(quic && seg.get(8).is_some_and(|b| b & 0x80 != 0))
+            }
+            _ => Some(false),
+        }
+    }
+
     /// Whether a frame carries only transport control, no application data.
     ///
     /// * TCP: no payload, ACK set, none of SYN, FIN, RST (a pure ACK, window update or
@@ -134,23 +202,8 @@ impl Classifier {
     }
 
     fn try_is_ack_only(&self, f: &[u8]) -> Option<bool> {
-        let (ethertype, off) = network_header(f)?;
-        let (proto, seg) = match ethertype {
-            ETH_P_IPV4 => {
-                let ip = f.get(off..)?;
-                let ihl = ((*ip.first()? & 0x0f) as usize) * 4;
-                let total = be16(ip, 2)? as usize;
-                if ihl < 20 || total < ihl || total > ip.len() || be16(ip, 6)? & 0x1fff != 0 {
-                    return None;
-                }
-                (*ip.get(9)?, &ip[ihl..total])
-            }
-            ETH_P_IPV6 => {
-                let ip = f.get(off..)?;
-                let plen = be16(ip, 4)? as usize;
-                (*ip.get(6)?, ip.get(40..40 + plen)?)
-            }
-            _ => return Some(false),
+        let Some((proto, seg)) = transport_segment(f)? else {
+            return Some(false);
         };
         match proto {
             IPPROTO_TCP => {
@@ -466,6 +519,40 @@ mod tests {
         assert!(cl.is_ack_only(&udp_frame(50000, 29900, 52)));
         assert!(!cl.is_ack_only(&udp_frame(50000, 29900, 300)));
         assert!(!cl.is_ack_only(&eth(0x0806, &[0; 28])));
+    }
+
+    #[test]
+    fn frame_kinds_split_handshake_ack_only_and_data() {
+        let cl = Classifier::default();
+        let bare = |flags: u8, payload: usize| {
+            let mut t = tcp(40000, 6653, payload);
+            t[13] = flags;
+            eth(0x0800, &ipv4(6, &t))
+        };
+        assert_eq!(cl.frame_kind(&bare(0x02, 0)), FrameKind::Handshake, "SYN");
+        assert_eq!(cl.frame_kind(&bare(0x11, 0)), FrameKind::Handshake, "FIN");
+        assert_eq!(cl.frame_kind(&bare(0x14, 0)), FrameKind::Handshake, "RST");
+        assert_eq!(cl.frame_kind(&bare(0x10, 0)), FrameKind::AckOnly);
+        assert_eq!(
+            cl.frame_kind(&bare(0x19, 8)),
+            FrameKind::Data,
+            "FIN with data"
+        );
+        let mut f = udp_frame(50000, 6653, 300);
+        let at = f.len() - 300;
+        f[at] = 0xc3;
+        assert_eq!(cl.frame_kind(&f), FrameKind::Handshake, "QUIC long header");
+        f[at] = 0x41;
+        assert_eq!(cl.frame_kind(&f), FrameKind::Data);
+        let mut f = udp_frame(50000, 6653, 40);
+        let at = f.len() - 40;
+        f[at] = 0x41;
+        assert_eq!(cl.frame_kind(&f), FrameKind::AckOnly);
+        // A long-header-looking byte on another UDP port is not QUIC.
+        let mut f = udp_frame(50000, 29900, 300);
+        let at = f.len() - 300;
+        f[at] = 0xc3;
+        assert_eq!(cl.frame_kind(&f), FrameKind::Data);
     }
 
     #[test]

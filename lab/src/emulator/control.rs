@@ -190,6 +190,9 @@ impl Accounting {
             wire_bytes: t.bytes + pad + t.frames * self.phy_overhead as u64,
             payload_bytes: t.payload_bytes,
             ack_only_frames: t.ack_only_frames,
+            ack_only_wire_bytes: t.ack_only_bytes + t.ack_only_frames * self.phy_overhead as u64,
+            handshake_frames: t.handshake_frames,
+            handshake_wire_bytes: t.handshake_bytes + t.handshake_frames * self.phy_overhead as u64,
         }
     }
 
@@ -216,6 +219,15 @@ pub struct TallyReport {
     /// `Classifier::is_ack_only`).
     #[serde(default)]
     pub ack_only_frames: u64,
+    /// Their wire bytes (without Ethernet padding).
+    #[serde(default)]
+    pub ack_only_wire_bytes: u64,
+    /// Connection setup and teardown frames (TCP SYN/FIN/RST, QUIC long
+    /// headers; `FrameKind::Handshake`) and their wire bytes (without padding).
+    #[serde(default)]
+    pub handshake_frames: u64,
+    #[serde(default)]
+    pub handshake_wire_bytes: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -409,9 +421,14 @@ mod tests {
             payload_bytes: 400,
             pad_bytes: 60,
             ack_only_frames: 3,
+            ack_only_bytes: 150,
+            handshake_frames: 1,
+            handshake_bytes: 80,
         };
         let a = Accounting::default();
         assert_eq!(a.tally(&t).wire_bytes, 1240);
+        assert_eq!(a.tally(&t).ack_only_wire_bytes, 150 + 3 * 24);
+        assert_eq!(a.tally(&t).handshake_wire_bytes, 80 + 24);
         let paper = Accounting {
             phy_overhead: 28,
             pad_to_min_frame: true,

@@ -53,7 +53,7 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use super::classify::{Class, Classifier};
+use super::classify::{Class, Classifier, FrameKind};
 use super::rng::RandomSource;
 
 /// Nanoseconds on the caller's monotonic clock.
@@ -268,13 +268,32 @@ pub struct Tally {
     /// [`Classifier::is_ack_only`](super::classify::Classifier::is_ack_only).
     #[serde(default)]
     pub ack_only_frames: u64,
+    /// Their bytes (as `bytes`).
+    #[serde(default)]
+    pub ack_only_bytes: u64,
+    /// Connection setup and teardown frames and their bytes: see
+    /// [`FrameKind::Handshake`](super::classify::FrameKind::Handshake).
+    #[serde(default)]
+    pub handshake_frames: u64,
+    #[serde(default)]
+    pub handshake_bytes: u64,
 }
 
 impl Tally {
     #[inline]
-    fn add(&mut self, len: u32, payload: u32, ack_only: bool) {
+    fn add(&mut self, len: u32, payload: u32, kind: FrameKind) {
         self.frames += 1;
-        self.ack_only_frames += u64::from(ack_only);
+        match kind {
+            FrameKind::Data => {}
+            FrameKind::AckOnly => {
+                self.ack_only_frames += 1;
+                self.ack_only_bytes += len as u64;
+            }
+            FrameKind::Handshake => {
+                self.handshake_frames += 1;
+                self.handshake_bytes += len as u64;
+            }
+        }
         self.bytes += len as u64;
         self.payload_bytes += payload as u64;
         self.pad_bytes += 60u32.saturating_sub(len) as u64;
@@ -287,6 +306,9 @@ impl Tally {
             payload_bytes: self.payload_bytes + o.payload_bytes,
             pad_bytes: self.pad_bytes + o.pad_bytes,
             ack_only_frames: self.ack_only_frames + o.ack_only_frames,
+            ack_only_bytes: self.ack_only_bytes + o.ack_only_bytes,
+            handshake_frames: self.handshake_frames + o.handshake_frames,
+            handshake_bytes: self.handshake_bytes + o.handshake_bytes,
         }
     }
 }
@@ -356,7 +378,7 @@ pub struct Released {
     class: Class,
     len: u32,
     payload: u32,
-    ack_only: bool,
+    kind: FrameKind,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -369,7 +391,7 @@ struct InFlight {
     len: u32,
     payload: u32,
     class: u8,
-    ack_only: bool,
+    kind: FrameKind,
 }
 
 /// One direction of an emulated link.
@@ -432,7 +454,7 @@ impl<R: RandomSource> Pipe<R> {
         for Reverse(f) in self.heap.iter() {
             self.counters.by_class[f.class as usize]
                 .offered
-                .add(f.len, f.payload, f.ack_only);
+                .add(f.len, f.payload, f.kind);
         }
     }
 
@@ -470,16 +492,16 @@ impl<R: RandomSource> Pipe<R> {
     /// returned by [`poll_release`](Self::poll_release) if the frame is scheduled.
     pub fn offer(&mut self, now: Nanos, frame: &[u8], token: u32) -> Verdict {
         let fc = self.cfg.classifier.classify(frame);
-        let ack_only = self.cfg.classifier.is_ack_only(frame);
+        let kind = self.cfg.classifier.frame_kind(frame);
         let len = frame.len() as u32;
         let c = &mut self.counters.by_class[fc.class as usize];
-        c.offered.add(len, fc.payload, ack_only);
+        c.offered.add(len, fc.payload, kind);
         if !self.settings.up {
-            c.down_dropped.add(len, fc.payload, ack_only);
+            c.down_dropped.add(len, fc.payload, kind);
             return Verdict::Down;
         }
         if self.heap.len() >= self.cfg.max_in_flight as usize {
-            c.queue_dropped.add(len, fc.payload, ack_only);
+            c.queue_dropped.add(len, fc.payload, kind);
             return Verdict::QueueDropped;
         }
         let mut depart = now;
@@ -495,7 +517,7 @@ impl<R: RandomSource> Pipe<R> {
             if self.backlog.len() >= self.settings.queue_frames as usize
                 || (qb > 0 && self.backlog_bytes + len as u64 > qb)
             {
-                c.queue_dropped.add(len, fc.payload, ack_only);
+                c.queue_dropped.add(len, fc.payload, kind);
                 return Verdict::QueueDropped;
             }
             let start = if self.busy_until <= now {
@@ -517,7 +539,7 @@ impl<R: RandomSource> Pipe<R> {
         if self.lose() {
             self.counters.by_class[fc.class as usize]
                 .lost
-                .add(len, fc.payload, ack_only);
+                .add(len, fc.payload, kind);
             return Verdict::Lost;
         }
         let mut release = depart + self.settings.delay_ns;
@@ -542,7 +564,7 @@ impl<R: RandomSource> Pipe<R> {
             len,
             payload: fc.payload,
             class: fc.class as u8,
-            ack_only,
+            kind,
         }));
         Verdict::Scheduled { release }
     }
@@ -557,9 +579,9 @@ impl<R: RandomSource> Pipe<R> {
         let deliver = top.epoch == self.epoch;
         let c = &mut self.counters.by_class[top.class as usize];
         if deliver {
-            c.delivered.add(top.len, top.payload, top.ack_only);
+            c.delivered.add(top.len, top.payload, top.kind);
         } else {
-            c.down_dropped.add(top.len, top.payload, top.ack_only);
+            c.down_dropped.add(top.len, top.payload, top.kind);
         }
         Some(Released {
             token: top.token,
@@ -568,7 +590,7 @@ impl<R: RandomSource> Pipe<R> {
             class: Class::from_index(top.class as usize),
             len: top.len,
             payload: top.payload,
-            ack_only: top.ack_only,
+            kind: top.kind,
         })
     }
 
@@ -576,7 +598,7 @@ impl<R: RandomSource> Pipe<R> {
     pub fn note_tx_error(&mut self, r: &Released) {
         self.counters.by_class[r.class as usize]
             .tx_errors
-            .add(r.len, r.payload, r.ack_only);
+            .add(r.len, r.payload, r.kind);
     }
 
     fn lose(&mut self) -> bool {

@@ -92,7 +92,10 @@ fn storm_quick_every_switch_comes_back_and_handshakes_once_per_restart() {
             common::num(&steady, r, "switch_agent_rss_kib"),
             common::num(&steady, r, "switch_agent_anon_kib"),
         );
+        let pss = common::num(&steady, r, "switch_agent_pss_kib");
         assert!(rss > 0 && anon > 0 && anon <= rss, "{r:?}");
+        // Shared pages count in part: PSS lies between its own and its RSS.
+        assert!(anon <= pss && pss <= rss, "{r:?}");
     }
     let md = std::fs::read_to_string(dir.path().join("storm.md")).unwrap();
     for c in &configs {

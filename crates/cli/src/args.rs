@@ -38,8 +38,9 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Worker threads of an agent: 1 runs everything on one thread (the least
-    /// cross-thread wake-ups, so the lowest latency on a small machine); the
-    /// default is one per CPU, for controller agents serving many switches.
+    /// cross-thread wake-ups, so the lowest latency on a small machine, and the
+    /// least memory). Default: 1 for the switch agent (one connection), one
+    /// per CPU for controller agents (many switches) and proxies.
     #[arg(long, global = true, value_name = "N")]
     pub threads: Option<usize>,
     #[command(subcommand)]

@@ -15,6 +15,7 @@ pub mod identity;
 pub mod local;
 pub mod pki;
 pub mod quic;
+pub mod quic_lb;
 pub mod resumption;
 pub mod shutdown;
 pub mod target;

@@ -248,6 +248,10 @@ pub struct Steady {
     /// code pages, which every process running them shares.
     pub switch_rss: u64,
     pub switch_anon: u64,
+    /// Its proportional set size (`smaps_rollup` Pss), KiB: shared pages
+    /// divided among the processes mapping them (here the controller agent
+    /// runs the same binary).
+    pub switch_pss: u64,
 }
 
 pub const RESTARTS_CSV: &[&str] = &[
@@ -288,6 +292,7 @@ pub const STEADY_CSV: &[&str] = &[
     "host_kib_per_switch",
     "switch_agent_rss_kib",
     "switch_agent_anon_kib",
+    "switch_agent_pss_kib",
 ];
 
 /// Connections must be older than this before a restart: the switch agent
@@ -667,16 +672,18 @@ impl Bench {
             host_kib_per_switch: host_rss.saturating_sub(host_rss0) as f64 / n as f64,
             switch_rss: procs::status_kib(switch_proc.pid, "VmRSS").unwrap_or(0),
             switch_anon: procs::status_kib(switch_proc.pid, "RssAnon").unwrap_or(0),
+            switch_pss: procs::smaps_rollup_kib(switch_proc.pid, "Pss").unwrap_or(0),
         };
         println!(
             "idle: controller agent {:.1} MiB with {n} connections ({:.1} MiB empty, {:.1} KiB per connection), {:.1} % CPU; \
-             a switch agent process {:.2} MiB ({:.2} MiB its own)",
+             a switch agent process {:.2} MiB ({:.2} MiB its own, PSS {:.2} MiB)",
             ctl_rss_full as f64 / 1024.0,
             ctl_rss_empty as f64 / 1024.0,
             (ctl_rss_full.saturating_sub(ctl_rss_empty)) as f64 / n as f64,
             steady.ctl_idle_cpu_pct,
             steady.switch_rss as f64 / 1024.0,
             steady.switch_anon as f64 / 1024.0,
+            steady.switch_pss as f64 / 1024.0,
         );
         let mut restarts = Vec::new();
         let mut starts = Vec::new();
@@ -939,6 +946,7 @@ fn write_results(dir: &Path, steadies: &[Steady], restarts: &[Restart], stop: St
             format!("{:.1}", s.host_kib_per_switch),
             s.switch_rss.to_string(),
             s.switch_anon.to_string(),
+            s.switch_pss.to_string(),
         ]);
     }
     rc.write(&dir.join("restarts.csv"))?;
@@ -989,6 +997,7 @@ fn write_results(dir: &Path, steadies: &[Steady], restarts: &[Restart], stop: St
                 format!("{:.1}", s.host_kib_per_switch),
                 format!("{:.2}", s.switch_rss as f64 / 1024.0),
                 format!("{:.2}", s.switch_anon as f64 / 1024.0),
+                format!("{:.2}", s.switch_pss as f64 / 1024.0),
             ]
         })
         .collect();
@@ -1002,6 +1011,7 @@ fn write_results(dir: &Path, steadies: &[Steady], restarts: &[Restart], stop: St
             "bench process KiB per switch (first config only)",
             "switch agent process RSS (MiB)",
             "of which its own (MiB)",
+            "switch agent PSS (MiB)",
         ],
         &rows,
     );

@@ -19,6 +19,12 @@ pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
     kib_field(&s, field)
 }
 
+/// A `kB` field of `/proc/PID/smaps_rollup` (`Rss`, `Pss`, `Pss_Anon`), in KiB.
+pub fn smaps_rollup_kib(pid: u32, field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    kib_field(&s, field)
+}
+
 fn kib_field(text: &str, field: &str) -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))

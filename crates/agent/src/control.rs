@@ -5,10 +5,18 @@
 //! {"cmd":"status"}                       → what the agent is connected to, per connection
 //! {"cmd":"rebind"}                       → (switch agent) move to a new local UDP port
 //! {"cmd":"rebind","bind":"10.0.0.9:0"}   → … or to this address
+//! {"cmd":"snoop","switch":"sw1","service":"openflow","follow":false}
+//!                                        → the messages as they pass (below)
 //! ```
 //!
 //! Answers are `{"ok":true,...}` or `{"ok":false,"error":"…"}`. The socket is
 //! created with mode 0600 (root only, like Open vSwitch's control sockets).
+//!
+//! `snoop` (`quicsdn snoop`) picks one switch and one service (either may be
+//! left out when there is only one) and, after its `ok` answer, turns the
+//! connection into a stream of [`crate::tap::Event`] JSON lines until the
+//! client closes it, the agent stops, or (without `follow`) the watched
+//! session closes. See [`crate::tap`] for its bounds.
 
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -17,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::Shutdown;
 use crate::link::Link;
@@ -31,6 +39,45 @@ pub enum Request {
         #[serde(default)]
         bind: Option<SocketAddr>,
     },
+    Snoop {
+        #[serde(default)]
+        switch: Option<String>,
+        #[serde(default)]
+        service: Option<String>,
+        /// Keep watching the switch's next sessions too.
+        #[serde(default)]
+        follow: bool,
+    },
+}
+
+/// What a snoop is attached to.
+pub struct Snoop {
+    pub switch: String,
+    pub service: String,
+    /// `openflow`, `jsonrpc` or `raw`: how the client splits and decodes.
+    pub framing: &'static str,
+    pub subscription: crate::tap::Subscription,
+}
+
+/// Picks the one of `names` that `wanted` names, or the only one there is.
+pub fn pick(what: &str, wanted: Option<&str>, names: &[String]) -> Result<String, String> {
+    let list = || {
+        if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        }
+    };
+    match wanted {
+        Some(w) if names.iter().any(|n| n == w) => Ok(w.to_string()),
+        Some(w) => Err(format!("no {what} {w:?} here (there is: {})", list())),
+        None if names.len() == 1 => Ok(names[0].clone()),
+        None if names.is_empty() => Err(format!("no {what} to snoop on yet")),
+        None => Err(format!(
+            "several {what}s ({}): choose one with --{what}",
+            list()
+        )),
+    }
 }
 
 /// One QUIC connection as `status` reports it.
@@ -97,6 +144,17 @@ pub type Answer<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> +
 pub trait Handler: Send + Sync + 'static {
     fn status(&self) -> Answer<'_, Status>;
     fn rebind(&self, bind: Option<SocketAddr>) -> Result<SocketAddr, String>;
+    /// Attaches a snoop to `switch`'s `service` (each defaulting to the only
+    /// one there is).
+    fn snoop(
+        &self,
+        switch: Option<String>,
+        service: Option<String>,
+        follow: bool,
+    ) -> Answer<'_, Result<Snoop, String>> {
+        let _ = (switch, service, follow);
+        Box::pin(async { Err("this agent cannot be snooped on".to_string()) })
+    }
 }
 
 async fn answer(handler: &dyn Handler, line: &str) -> serde_json::Value {
@@ -114,6 +172,73 @@ async fn answer(handler: &dyn Handler, line: &str) -> serde_json::Value {
             Ok(addr) => serde_json::json!({"ok": true, "local_addr": addr}),
             Err(e) => serde_json::json!({"ok": false, "error": e}),
         },
+        Request::Snoop { .. } => unreachable!("snoop is served by serve_connection"),
+    }
+}
+
+/// Serves one control connection: requests and answers, until a snoop takes
+/// it over.
+async fn serve_connection(
+    stream: tokio::net::UnixStream,
+    handler: Arc<dyn Handler>,
+    shutdown: Shutdown,
+) {
+    let (r, mut w) = stream.into_split();
+    let mut lines = BufReader::new(r).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let snoop = match serde_json::from_str(&line) {
+            Ok(Request::Snoop {
+                switch,
+                service,
+                follow,
+            }) => Some(handler.snoop(switch, service, follow).await),
+            _ => None,
+        };
+        let answer = match &snoop {
+            None => answer(handler.as_ref(), &line).await,
+            Some(Err(e)) => serde_json::json!({"ok": false, "error": e}),
+            Some(Ok(s)) => serde_json::json!({
+                "ok": true, "switch": s.switch, "service": s.service, "framing": s.framing,
+            }),
+        };
+        let mut out = answer.to_string();
+        out.push('\n');
+        if w.write_all(out.as_bytes()).await.is_err() {
+            return;
+        }
+        if let Some(Ok(s)) = snoop {
+            info!(switch = %s.switch, service = %s.service, "snoop client attached");
+            stream_snoop(&s.subscription, &mut lines, &mut w, &shutdown).await;
+            info!(switch = %s.switch, service = %s.service, "snoop client detached");
+            return;
+        }
+    }
+}
+
+/// Writes a snoop's events as they come, until the client goes away (or
+/// writes anything), the watched session ends, or the agent stops. Writes
+/// never hold a session back: what piles up meanwhile is bounded by the tap.
+async fn stream_snoop(
+    sub: &crate::tap::Subscription,
+    lines: &mut tokio::io::Lines<BufReader<tokio::net::unix::OwnedReadHalf>>,
+    w: &mut tokio::net::unix::OwnedWriteHalf,
+    shutdown: &Shutdown,
+) {
+    loop {
+        tokio::select! {
+            () = sub.ready() => {}
+            _ = lines.next_line() => return,
+            () = shutdown.wait() => return,
+        }
+        let (events, ended) = sub.take();
+        let mut out = Vec::new();
+        for e in &events {
+            serde_json::to_writer(&mut out, e).expect("events serialise");
+            out.push(b'\n');
+        }
+        if w.write_all(&out).await.is_err() || ended {
+            return;
+        }
     }
 }
 
@@ -144,18 +269,7 @@ pub(crate) async fn serve(
                 continue;
             }
         };
-        let handler = handler.clone();
-        tokio::spawn(async move {
-            let (r, mut w) = stream.into_split();
-            let mut lines = BufReader::new(r).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let mut out = answer(handler.as_ref(), &line).await.to_string();
-                out.push('\n');
-                if w.write_all(out.as_bytes()).await.is_err() {
-                    return;
-                }
-            }
-        });
+        tokio::spawn(serve_connection(stream, handler.clone(), shutdown.clone()));
     }
     let _ = std::fs::remove_file(&path);
 }

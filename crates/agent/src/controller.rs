@@ -50,6 +50,8 @@ struct Inner {
     switches: Mutex<HashMap<Arc<str>, SwitchEntry>>,
     admission: Arc<Admission>,
     metrics: Arc<Metrics>,
+    /// `quicsdn snoop` clients.
+    taps: Arc<crate::tap::Taps>,
     /// The server configuration, for connections accepted with a qlog.
     server_config: quinn::ServerConfig,
 }
@@ -96,6 +98,7 @@ impl ControllerAgent {
             switches: Mutex::new(HashMap::new()),
             admission,
             metrics,
+            taps: crate::tap::Taps::new(),
             server_config,
         });
         let shutdown = Shutdown::new();
@@ -233,6 +236,37 @@ impl control::Handler for Control {
                 connections,
                 admission: Some(inner.admission.stats()),
             }
+        })
+    }
+
+    fn snoop(
+        &self,
+        switch: Option<String>,
+        service: Option<String>,
+        follow: bool,
+    ) -> control::Answer<'_, Result<control::Snoop, String>> {
+        Box::pin(async move {
+            let inner = &self.0;
+            // The switches connected now.
+            let mut switches: Vec<String> = inner
+                .switches
+                .lock()
+                .await
+                .iter()
+                .filter(|(_, e)| e.link.borrow().as_ref().is_some_and(|l| l.is_alive()))
+                .map(|(name, _)| name.to_string())
+                .collect();
+            switches.sort();
+            let switch = control::pick("switch", switch.as_deref(), &switches)?;
+            let names: Vec<String> = inner.services.iter().map(|s| s.name.clone()).collect();
+            let service = control::pick("service", service.as_deref(), &names)?;
+            let framing = inner.services.get(&service).expect("picked").framing;
+            Ok(control::Snoop {
+                subscription: inner.taps.subscribe(&switch, &service, follow),
+                switch,
+                service,
+                framing: framing.name(),
+            })
         })
     }
 
@@ -384,7 +418,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
         },
         inner.config.common.local_connect_timeout,
         early.as_ref().map(|((_, rx), _)| rx.clone()),
-        inner.metrics.clone(),
+        (inner.metrics.clone(), inner.taps.clone()),
     );
     let serving = link.clone().serve();
     tokio::pin!(serving);

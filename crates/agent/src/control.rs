@@ -47,6 +47,9 @@ pub enum Request {
         /// Keep watching the switch's next sessions too.
         #[serde(default)]
         follow: bool,
+        /// Also send the TLS secrets of the handshakes made while attached.
+        #[serde(default)]
+        keylog: bool,
     },
 }
 
@@ -135,6 +138,10 @@ pub struct Status {
     /// handshakes under way, attempts admitted and refused since the start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<crate::admission::AdmissionStats>,
+    /// A warning while TLS secrets are being logged (`SSLKEYLOGFILE`,
+    /// `snoop --keylog`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keylog: Option<String>,
 }
 
 /// A future a [`Handler`] returns.
@@ -164,7 +171,9 @@ async fn answer(handler: &dyn Handler, line: &str) -> serde_json::Value {
     };
     match request {
         Request::Status => {
-            let mut v = serde_json::to_value(handler.status().await).expect("status serialises");
+            let mut status = handler.status().await;
+            status.keylog = quicsdn_transport::keylog::hub().describe();
+            let mut v = serde_json::to_value(status).expect("status serialises");
             v["ok"] = true.into();
             v
         }
@@ -191,8 +200,13 @@ async fn serve_connection(
                 switch,
                 service,
                 follow,
-            }) => Some(handler.snoop(switch, service, follow).await),
+                keylog,
+            }) => Some((handler.snoop(switch, service, follow).await, keylog)),
             _ => None,
+        };
+        let (snoop, keylog) = match snoop {
+            Some((s, k)) => (Some(s), k),
+            None => (None, false),
         };
         let answer = match &snoop {
             None => answer(handler.as_ref(), &line).await,
@@ -208,7 +222,14 @@ async fn serve_connection(
         }
         if let Some(Ok(s)) = snoop {
             info!(switch = %s.switch, service = %s.service, "snoop client attached");
-            stream_snoop(&s.subscription, &mut lines, &mut w, &shutdown).await;
+            let keys = keylog.then(|| {
+                warn!(
+                    "a snoop client asked for TLS secrets: those of every QUIC handshake until it \
+                     detaches are sent to it; whoever holds them can decrypt those connections"
+                );
+                quicsdn_transport::keylog::hub().subscribe()
+            });
+            stream_snoop(&s.subscription, keys, &mut lines, &mut w, &shutdown).await;
             info!(switch = %s.switch, service = %s.service, "snoop client detached");
             return;
         }
@@ -220,18 +241,30 @@ async fn serve_connection(
 /// never hold a session back: what piles up meanwhile is bounded by the tap.
 async fn stream_snoop(
     sub: &crate::tap::Subscription,
+    mut keys: Option<tokio::sync::mpsc::Receiver<String>>,
     lines: &mut tokio::io::Lines<BufReader<tokio::net::unix::OwnedReadHalf>>,
     w: &mut tokio::net::unix::OwnedWriteHalf,
     shutdown: &Shutdown,
 ) {
     loop {
+        let mut out = Vec::new();
+        let key = async {
+            match &mut keys {
+                Some(k) => k.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = sub.ready() => {}
+            Some(line) = key => {
+                serde_json::to_writer(&mut out, &serde_json::json!({"ev": "keylog", "line": line}))
+                    .expect("serialises");
+                out.push(b'\n');
+            }
             _ = lines.next_line() => return,
             () = shutdown.wait() => return,
         }
         let (events, ended) = sub.take();
-        let mut out = Vec::new();
         for e in &events {
             serde_json::to_writer(&mut out, e).expect("events serialise");
             out.push(b'\n');
@@ -288,6 +321,7 @@ mod tests {
                     local_addr: "127.0.0.1:1".parse().unwrap(),
                     connections: vec![],
                     admission: None,
+                    keylog: None,
                 }
             })
         }
@@ -309,5 +343,132 @@ mod tests {
             bad["error"].as_str().unwrap().contains("bad request"),
             "{bad}"
         );
+    }
+
+    /// A handler whose only switch is `sw1` with one service, `openflow`.
+    struct Snoopable(Arc<crate::tap::Taps>);
+
+    impl Handler for Snoopable {
+        fn status(&self) -> Answer<'_, Status> {
+            Fake.status()
+        }
+        fn rebind(&self, bind: Option<SocketAddr>) -> Result<SocketAddr, String> {
+            Fake.rebind(bind)
+        }
+        fn snoop(
+            &self,
+            switch: Option<String>,
+            service: Option<String>,
+            follow: bool,
+        ) -> Answer<'_, Result<Snoop, String>> {
+            let r = pick("switch", switch.as_deref(), &["sw1".into()]).and_then(|switch| {
+                let service = pick("service", service.as_deref(), &["openflow".into()])?;
+                Ok(Snoop {
+                    subscription: self.0.subscribe(&switch, &service, follow),
+                    switch,
+                    service,
+                    framing: "openflow",
+                })
+            });
+            Box::pin(async move { r })
+        }
+    }
+
+    #[test]
+    fn picks_the_only_one_or_lists_the_choices() {
+        let two = ["a".to_string(), "b".to_string()];
+        assert_eq!(pick("switch", None, &two[..1]), Ok("a".into()));
+        assert_eq!(pick("switch", Some("b"), &two), Ok("b".into()));
+        assert!(
+            pick("switch", None, &two)
+                .unwrap_err()
+                .contains("(a, b): choose one with --switch")
+        );
+        assert!(
+            pick("service", Some("c"), &two)
+                .unwrap_err()
+                .contains("no service \"c\" here (there is: a, b)")
+        );
+        assert!(
+            pick("switch", None, &[])
+                .unwrap_err()
+                .contains("no switch to snoop on yet")
+        );
+    }
+
+    #[tokio::test]
+    async fn snoop_streams_messages_and_secrets_until_the_client_goes() {
+        use quicsdn_wire::openflow::build;
+        use tokio::io::AsyncBufReadExt;
+        let taps = crate::tap::Taps::new();
+        let (client, server) = tokio::net::UnixStream::pair().unwrap();
+        let task = tokio::spawn(serve_connection(
+            server,
+            Arc::new(Snoopable(taps.clone())),
+            Shutdown::new(),
+        ));
+        let (r, mut w) = client.into_split();
+        let mut lines = BufReader::new(r).lines();
+        let mut next = async || -> serde_json::Value {
+            serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap()
+        };
+        // Status still answers on the same connection; a bad choice is refused.
+        w.write_all(b"{\"cmd\":\"status\"}\n{\"cmd\":\"snoop\",\"switch\":\"sw2\"}\n")
+            .await
+            .unwrap();
+        assert_eq!(next().await["ok"], true);
+        let refused = next().await;
+        assert!(
+            refused["error"].as_str().unwrap().contains("sw2"),
+            "{refused}"
+        );
+        w.write_all(b"{\"cmd\":\"snoop\",\"keylog\":true}\n")
+            .await
+            .unwrap();
+        let ok = next().await;
+        assert_eq!(
+            (&ok["switch"], &ok["service"], &ok["framing"]),
+            (&"sw1".into(), &"openflow".into(), &"openflow".into())
+        );
+        let tap = crate::tap::SessionTap::new(
+            taps.clone(),
+            "sw1".into(),
+            "openflow",
+            4,
+            quicsdn_wire::Framing::OpenFlow,
+        );
+        tap.run(
+            quicsdn_lanes::rules::Direction::ToSwitch,
+            1,
+            Some(7),
+            &build::barrier_request(9),
+        );
+        let msg = next().await;
+        assert_eq!(
+            (&msg["ev"], &msg["session"], &msg["lane"], &msg["stream"]),
+            (&"msg".into(), &4.into(), &1.into(), &7.into())
+        );
+        rustls::KeyLog::log(
+            &*quicsdn_transport::keylog::hub(),
+            "CLIENT_TRAFFIC_SECRET_0",
+            &[1],
+            &[2],
+        );
+        let mut key = next().await;
+        // Another test's handshake may log too; ours comes.
+        while key["line"] != "CLIENT_TRAFFIC_SECRET_0 01 02" {
+            key = next().await;
+        }
+        assert_eq!(key["ev"], "keylog");
+        assert!(
+            quicsdn_transport::keylog::hub()
+                .describe()
+                .unwrap()
+                .contains("snoop client")
+        );
+        // The client goes: the agent forgets it.
+        drop((lines, w));
+        task.await.unwrap();
+        assert_eq!(taps.attached(), 0);
     }
 }

@@ -235,6 +235,7 @@ impl control::Handler for Control {
                 local_addr: inner.endpoint.local_addr().unwrap_or(inner.config.listen),
                 connections,
                 admission: Some(inner.admission.stats()),
+                keylog: None,
             }
         })
     }

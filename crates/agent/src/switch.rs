@@ -290,6 +290,7 @@ impl control::Handler for Control {
                 _ => vec![],
             },
             admission: None,
+            keylog: None,
         };
         Box::pin(async move { status })
     }

@@ -134,6 +134,14 @@ pub struct SnoopArgs {
     /// Stop after N messages.
     #[arg(long, value_name = "N")]
     pub count: Option<u64>,
+    /// Append to FILE the TLS secrets (NSS key log format, for Wireshark's
+    /// QUIC dissector) of the agent's QUIC handshakes made while snoop runs.
+    /// Secrets exist only at handshake time: a connection already up is not
+    /// covered; make it reconnect while snoop runs. Whoever holds FILE can
+    /// decrypt those connections. (`SSLKEYLOGFILE=FILE` in an agent's
+    /// environment logs all its handshakes from its start.)
+    #[arg(long, value_name = "FILE")]
+    pub keylog: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug, Clone)]

@@ -64,6 +64,7 @@ async fn snoop(args: SnoopArgs) -> Result<()> {
     let (r, mut w) = stream.into_split();
     let request = serde_json::json!({
         "cmd": "snoop", "switch": args.switch, "service": args.service, "follow": args.follow,
+        "keylog": args.keylog.is_some(),
     });
     w.write_all(format!("{request}\n").as_bytes()).await?;
     let mut lines = BufReader::new(r).lines();
@@ -98,6 +99,25 @@ async fn snoop(args: SnoopArgs) -> Result<()> {
             let file = std::fs::File::create(path)
                 .with_context(|| format!("--pcap {}", path.display()))?;
             Some(PcapTcp::new(file, server_port(&framing))?)
+        }
+    };
+    let mut keylog = match &args.keylog {
+        None => None,
+        Some(path) => {
+            use std::os::unix::fs::OpenOptionsExt;
+            let file = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .mode(0o600)
+                .open(path)
+                .with_context(|| format!("--keylog {}", path.display()))?;
+            eprintln!(
+                "WARNING: the TLS secrets of the agent's QUIC handshakes made from now on go to {}; \
+                 whoever holds that file can decrypt those connections. Connections already up \
+                 are not covered (their secrets are gone): make them reconnect to capture them.",
+                path.display()
+            );
+            Some(file)
         }
     };
     let mut term = signal(SignalKind::terminate())?;
@@ -162,6 +182,10 @@ async fn snoop(args: SnoopArgs) -> Result<()> {
                     p.close(session, t)?;
                 }
             }
+            Some("keylog") => match (&mut keylog, ev["line"].as_str()) {
+                (Some(f), Some(l)) => writeln!(f, "{l}")?,
+                _ => writeln!(out, "unexpected key log line from the agent")?,
+            },
             Some("dropped") => {
                 writeln!(
                     out,

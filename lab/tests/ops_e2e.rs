@@ -422,4 +422,100 @@ fn snoop_decodes_os_kens_flow_mods_and_its_pcap_reads_in_tshark_and_ovs_ofctl() 
             && l.contains("dl_dst=02:51:00:00:00:02")),
         "ovs-ofctl ofp-parse-pcap:\n{text}"
     );
+
+    // `--keylog`: the secrets of the next handshake (a controller-agent
+    // restart makes one) let tshark decrypt a capture of the QUIC packets.
+    let mut bed = bed;
+    let quic_pcap = bed.dir.join("quic.pcap");
+    let mut tcpdump = Command::new("ip")
+        .args([
+            "netns", "exec", "q19-sw1", "tcpdump", "-i", "any", "-U", "-w",
+        ])
+        .arg(&quic_pcap)
+        .arg("udp")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut listening = String::new();
+    BufReader::new(tcpdump.stderr.take().unwrap())
+        .read_line(&mut listening)
+        .unwrap();
+    assert!(listening.contains("listening on"), "{listening}");
+    let keys = bed.dir.join("keys.log");
+    let mut snoop = Command::new(&quicsdn)
+        .args(["snoop", "--follow", "--socket"])
+        .arg(bed.switch_control())
+        .arg("--keylog")
+        .arg(&keys)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(snoop.stderr.take().unwrap());
+    let mut attached = String::new();
+    while !attached.contains("snooping on") {
+        attached.clear();
+        assert!(stderr.read_line(&mut attached).unwrap() > 0, "snoop ended");
+    }
+    let status = control_status(&bed.switch_control());
+    assert!(
+        status["keylog"]
+            .as_str()
+            .is_some_and(|k| k.contains("WARNING") && k.contains("snoop client")),
+        "{status}"
+    );
+    bed.controller_agent
+        .take()
+        .unwrap()
+        .terminate(PATIENCE)
+        .unwrap();
+    bed.start_controller_agent(2);
+    bed.ping_ok();
+    quicsdn_lab::wait::poll_until("the new handshake's secrets", PATIENCE, || {
+        let k = std::fs::read_to_string(&keys).unwrap_or_default();
+        Ok(
+            (k.contains("CLIENT_TRAFFIC_SECRET_0 ") && k.contains("SERVER_TRAFFIC_SECRET_0 "))
+                .then_some(()),
+        )
+    })
+    .unwrap();
+    for child in [&mut snoop, &mut tcpdump] {
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+        assert!(child.wait().unwrap().success());
+    }
+    let stream_frames = |keylog: Option<&std::path::Path>| {
+        let mut cmd = Command::new("tshark");
+        cmd.arg("-r").arg(&quic_pcap);
+        if let Some(k) = keylog {
+            cmd.arg("-o")
+                .arg(format!("tls.keylog_file:{}", k.display()));
+        }
+        let out = cmd
+            .args([
+                "-Y",
+                "quic.stream.stream_id",
+                "-T",
+                "fields",
+                "-e",
+                "frame.number",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    assert_eq!(
+        stream_frames(None),
+        0,
+        "STREAM frames visible without the keys"
+    );
+    assert!(
+        stream_frames(Some(&keys)) > 0,
+        "tshark decrypted nothing with {}",
+        keys.display()
+    );
 }

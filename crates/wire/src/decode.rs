@@ -369,7 +369,7 @@ fn oxm_match(m: &[u8], at: usize) -> Option<(String, Option<u32>)> {
         let name = OXM_NAMES
             .get(usize::from(field))
             .map_or_else(|| format!("field{field}"), |s| (*s).to_string());
-        let (value, mask) = if masked && n % 2 == 0 {
+        let (value, mask) = if masked && n.is_multiple_of(2) {
             payload.split_at(n / 2)
         } else {
             (payload, &[][..])

@@ -436,11 +436,16 @@ fn snoop_decodes_os_kens_flow_mods_and_its_pcap_reads_in_tshark_and_ovs_ofctl() 
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // Kept open until tcpdump ends (it reports on stderr when it stops).
+    let mut tcpdump_err = BufReader::new(tcpdump.stderr.take().unwrap());
     let mut listening = String::new();
-    BufReader::new(tcpdump.stderr.take().unwrap())
-        .read_line(&mut listening)
-        .unwrap();
-    assert!(listening.contains("listening on"), "{listening}");
+    while !listening.contains("listening on") {
+        listening.clear();
+        assert!(
+            tcpdump_err.read_line(&mut listening).unwrap() > 0,
+            "tcpdump ended"
+        );
+    }
     let keys = bed.dir.join("keys.log");
     let mut snoop = Command::new(&quicsdn)
         .args(["snoop", "--follow", "--socket"])
@@ -518,4 +523,5 @@ fn snoop_decodes_os_kens_flow_mods_and_its_pcap_reads_in_tshark_and_ovs_ofctl() 
         "tshark decrypted nothing with {}",
         keys.display()
     );
+    drop((tcpdump_err, stderr));
 }

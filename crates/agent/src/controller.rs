@@ -49,9 +49,9 @@ struct Inner {
     endpoint: Endpoint,
     switches: Mutex<HashMap<Arc<str>, SwitchEntry>>,
     admission: Arc<Admission>,
-    metrics: Arc<Metrics>,
     /// `quicsdn snoop` clients.
     taps: Arc<crate::tap::Taps>,
+    metrics: Arc<Metrics>,
     /// The server configuration, for connections accepted with a qlog.
     server_config: quinn::ServerConfig,
 }
@@ -97,8 +97,8 @@ impl ControllerAgent {
             endpoint,
             switches: Mutex::new(HashMap::new()),
             admission,
-            metrics,
             taps: crate::tap::Taps::new(),
+            metrics,
             server_config,
         });
         let shutdown = Shutdown::new();

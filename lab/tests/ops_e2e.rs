@@ -429,7 +429,15 @@ fn snoop_decodes_os_kens_flow_mods_and_its_pcap_reads_in_tshark_and_ovs_ofctl() 
     let quic_pcap = bed.dir.join("quic.pcap");
     let mut tcpdump = Command::new("ip")
         .args([
-            "netns", "exec", "q19-sw1", "tcpdump", "-i", "any", "-U", "-w",
+            "netns",
+            "exec",
+            "q19-sw1",
+            "tcpdump",
+            "-i",
+            "any",
+            "--immediate-mode",
+            "-U",
+            "-w",
         ])
         .arg(&quic_pcap)
         .arg("udp")
@@ -482,6 +490,13 @@ fn snoop_decodes_os_kens_flow_mods_and_its_pcap_reads_in_tshark_and_ovs_ofctl() 
             (k.contains("CLIENT_TRAFFIC_SECRET_0 ") && k.contains("SERVER_TRAFFIC_SECRET_0 "))
                 .then_some(()),
         )
+    })
+    .unwrap();
+    // The new connection's packets are in the capture (its first flight
+    // alone is over 1200 bytes: RFC 9000 §14.1) before tcpdump stops.
+    quicsdn_lab::wait::poll_until("the QUIC packets captured", PATIENCE, || {
+        let len = std::fs::metadata(&quic_pcap).map_or(0, |m| m.len());
+        Ok((len > 4096).then_some(()))
     })
     .unwrap();
     for child in [&mut snoop, &mut tcpdump] {

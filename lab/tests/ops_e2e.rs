@@ -289,3 +289,254 @@ fn metrics_of_real_ovs_and_os_ken_parse_and_move_as_predicted() {
     );
     assert_eq!(ctl.sum("quicsdn_handshake_refusals_total", &[]), 0.0);
 }
+
+/// `quicsdn snoop` run as the real CLI against the switch agent's control
+/// socket, with real OVS and os-ken: it prints the FLOW_MOD os-ken sends for
+/// a learned flow, decoded, and its `--pcap` decodes as OpenFlow in tshark
+/// and in `ovs-ofctl ofp-parse-pcap`.
+#[test]
+fn snoop_decodes_os_kens_flow_mods_and_its_pcap_reads_in_tshark_and_ovs_ofctl() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::sync::mpsc;
+    let _s = serial();
+    require_root();
+    let bed = Bed::up("q19", Duration::from_millis(2), &[]);
+    let quicsdn = quicsdn_lab::agents::quicsdn_binary().unwrap();
+
+    // The controller agent says which switches there are when asked for one
+    // that is not.
+    let wrong = Command::new(&quicsdn)
+        .args(["snoop", "--socket"])
+        .arg(bed.controller_control())
+        .args(["--switch", "sw9"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        !wrong.status.success() && err.contains("\"sw9\"") && err.contains("sw1"),
+        "{err}"
+    );
+
+    let pcap = bed.dir.join("snoop.pcap");
+    let mut snoop = Command::new(&quicsdn)
+        .args(["snoop", "--socket"])
+        .arg(bed.switch_control())
+        .arg("--pcap")
+        .arg(&pcap)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = snoop.id();
+    // The attach line comes once the agent has accepted the snoop.
+    let mut stderr = BufReader::new(snoop.stderr.take().unwrap());
+    let mut attached = String::new();
+    stderr.read_line(&mut attached).unwrap();
+    assert!(
+        attached.contains("snooping on switch sw1 service openflow (openflow)"),
+        "{attached}"
+    );
+    let (tx, lines) = mpsc::channel::<String>();
+    let stdout = BufReader::new(snoop.stdout.take().unwrap());
+    let reader = std::thread::spawn(move || {
+        for l in stdout.lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+
+    // Fresh packet-ins: os-ken answers with the learned flows.
+    bed.forget_learned_flows();
+    bed.ping_through_fresh_flows();
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let flow_mod = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = lines
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("no learned FLOW_MOD in:\n{}", seen.join("\n")));
+        if line.contains("FLOW_MOD") && line.contains("eth_dst=02:51:00:00:00:02") {
+            break line;
+        }
+        seen.push(line);
+    };
+    // The learned flow, as controllers/l2_learning.py sends it: h1 (port 1)
+    // to h2, priority 10, idle 60 s, OXM fields in field order.
+    for field in [
+        " to_switch lane=",
+        " stream=",
+        "FLOW_MOD OF1.3 xid=0x",
+        " cmd=ADD table=0 priority=10 cookie=0x0 idle_timeout=60 hard_timeout=0 buffer=none",
+        " match=in_port=1,eth_dst=02:51:00:00:00:02,eth_src=02:51:00:00:00:01",
+    ] {
+        assert!(flow_mod.contains(field), "{field:?} not in {flow_mod}");
+    }
+    assert!(
+        seen.iter().any(|l| l.contains(" to_controller ")
+            && l.contains("PACKET_IN OF1.3")
+            && l.contains("reason=NO_MATCH")),
+        "{}",
+        seen.join("\n")
+    );
+
+    // Ctrl-C: snoop closes its connections in the capture and exits cleanly.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0);
+    let status = snoop.wait().unwrap();
+    assert!(status.success(), "{status}");
+    reader.join().unwrap();
+    let pcap = pcap.to_str().unwrap();
+    let tshark = Command::new("tshark")
+        .args(["-r", pcap, "-Y", "openflow_v4.type == 14", "-T", "fields"])
+        .args([
+            "-e",
+            "openflow_v4.flowmod.priority",
+            "-e",
+            "openflow_v4.flowmod.idle_timeout",
+        ])
+        .output()
+        .unwrap();
+    let rows = String::from_utf8_lossy(&tshark.stdout);
+    assert!(
+        tshark.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tshark.stderr)
+    );
+    assert!(
+        rows.lines()
+            .any(|r| r.split_whitespace().collect::<Vec<_>>() == ["10", "60"]),
+        "tshark found no learned flow mod:\n{rows}"
+    );
+    let parsed = Command::new("ovs-ofctl")
+        .args(["ofp-parse-pcap", pcap])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&parsed.stdout);
+    assert!(
+        parsed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&parsed.stderr)
+    );
+    assert!(
+        text.lines().any(|l| l.contains("OFPT_FLOW_MOD")
+            && l.contains("priority=10")
+            && l.contains("dl_dst=02:51:00:00:00:02")),
+        "ovs-ofctl ofp-parse-pcap:\n{text}"
+    );
+
+    // `--keylog`: the secrets of the next handshake (a controller-agent
+    // restart makes one) let tshark decrypt a capture of the QUIC packets.
+    let mut bed = bed;
+    let quic_pcap = bed.dir.join("quic.pcap");
+    let mut tcpdump = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            "q19-sw1",
+            "tcpdump",
+            "-i",
+            "any",
+            "--immediate-mode",
+            "-U",
+            "-w",
+        ])
+        .arg(&quic_pcap)
+        .arg("udp")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kept open until tcpdump ends (it reports on stderr when it stops).
+    let mut tcpdump_err = BufReader::new(tcpdump.stderr.take().unwrap());
+    let mut listening = String::new();
+    while !listening.contains("listening on") {
+        listening.clear();
+        assert!(
+            tcpdump_err.read_line(&mut listening).unwrap() > 0,
+            "tcpdump ended"
+        );
+    }
+    let keys = bed.dir.join("keys.log");
+    let mut snoop = Command::new(&quicsdn)
+        .args(["snoop", "--follow", "--socket"])
+        .arg(bed.switch_control())
+        .arg("--keylog")
+        .arg(&keys)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(snoop.stderr.take().unwrap());
+    let mut attached = String::new();
+    while !attached.contains("snooping on") {
+        attached.clear();
+        assert!(stderr.read_line(&mut attached).unwrap() > 0, "snoop ended");
+    }
+    let status = control_status(&bed.switch_control());
+    assert!(
+        status["keylog"]
+            .as_str()
+            .is_some_and(|k| k.contains("WARNING") && k.contains("snoop client")),
+        "{status}"
+    );
+    bed.controller_agent
+        .take()
+        .unwrap()
+        .terminate(PATIENCE)
+        .unwrap();
+    bed.start_controller_agent(2);
+    bed.ping_ok();
+    quicsdn_lab::wait::poll_until("the new handshake's secrets", PATIENCE, || {
+        let k = std::fs::read_to_string(&keys).unwrap_or_default();
+        Ok(
+            (k.contains("CLIENT_TRAFFIC_SECRET_0 ") && k.contains("SERVER_TRAFFIC_SECRET_0 "))
+                .then_some(()),
+        )
+    })
+    .unwrap();
+    // The new connection's packets are in the capture (its first flight
+    // alone is over 1200 bytes: RFC 9000 §14.1) before tcpdump stops.
+    quicsdn_lab::wait::poll_until("the QUIC packets captured", PATIENCE, || {
+        let len = std::fs::metadata(&quic_pcap).map_or(0, |m| m.len());
+        Ok((len > 4096).then_some(()))
+    })
+    .unwrap();
+    for child in [&mut snoop, &mut tcpdump] {
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+        assert!(child.wait().unwrap().success());
+    }
+    let stream_frames = |keylog: Option<&std::path::Path>| {
+        let mut cmd = Command::new("tshark");
+        cmd.arg("-r").arg(&quic_pcap);
+        if let Some(k) = keylog {
+            cmd.arg("-o")
+                .arg(format!("tls.keylog_file:{}", k.display()));
+        }
+        let out = cmd
+            .args([
+                "-Y",
+                "quic.stream.stream_id",
+                "-T",
+                "fields",
+                "-e",
+                "frame.number",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    assert_eq!(
+        stream_frames(None),
+        0,
+        "STREAM frames visible without the keys"
+    );
+    assert!(
+        stream_frames(Some(&keys)) > 0,
+        "tshark decrypted nothing with {}",
+        keys.display()
+    );
+    drop((tcpdump_err, stderr));
+}

@@ -49,6 +49,8 @@ struct Inner {
     endpoint: Endpoint,
     switches: Mutex<HashMap<Arc<str>, SwitchEntry>>,
     admission: Arc<Admission>,
+    /// `quicsdn snoop` clients.
+    taps: Arc<crate::tap::Taps>,
     metrics: Arc<Metrics>,
     /// The server configuration, for connections accepted with a qlog.
     server_config: quinn::ServerConfig,
@@ -95,6 +97,7 @@ impl ControllerAgent {
             endpoint,
             switches: Mutex::new(HashMap::new()),
             admission,
+            taps: crate::tap::Taps::new(),
             metrics,
             server_config,
         });
@@ -232,7 +235,39 @@ impl control::Handler for Control {
                 local_addr: inner.endpoint.local_addr().unwrap_or(inner.config.listen),
                 connections,
                 admission: Some(inner.admission.stats()),
+                keylog: None,
             }
+        })
+    }
+
+    fn snoop(
+        &self,
+        switch: Option<String>,
+        service: Option<String>,
+        follow: bool,
+    ) -> control::Answer<'_, Result<control::Snoop, String>> {
+        Box::pin(async move {
+            let inner = &self.0;
+            // The switches connected now.
+            let mut switches: Vec<String> = inner
+                .switches
+                .lock()
+                .await
+                .iter()
+                .filter(|(_, e)| e.link.borrow().as_ref().is_some_and(|l| l.is_alive()))
+                .map(|(name, _)| name.to_string())
+                .collect();
+            switches.sort();
+            let switch = control::pick("switch", switch.as_deref(), &switches)?;
+            let names: Vec<String> = inner.services.iter().map(|s| s.name.clone()).collect();
+            let service = control::pick("service", service.as_deref(), &names)?;
+            let framing = inner.services.get(&service).expect("picked").framing;
+            Ok(control::Snoop {
+                subscription: inner.taps.subscribe(&switch, &service, follow),
+                switch,
+                service,
+                framing: framing.name(),
+            })
         })
     }
 
@@ -384,7 +419,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
         },
         inner.config.common.local_connect_timeout,
         early.as_ref().map(|((_, rx), _)| rx.clone()),
-        inner.metrics.clone(),
+        (inner.metrics.clone(), inner.taps.clone()),
     );
     let serving = link.clone().serve();
     tokio::pin!(serving);

@@ -5,7 +5,8 @@
 //! local connection to its lanes; [`switch`] and [`controller`] own the QUIC
 //! endpoint, local listeners and reconnection; [`admission`] caps the
 //! controller agent's concurrent handshakes and says how a switch agent waits
-//! before reconnecting; [`control`] is the operators' control socket.
+//! before reconnecting; [`control`] is the operators' control socket, and
+//! [`tap`] copies one switch's messages to `quicsdn snoop` clients on it.
 
 pub mod admission;
 pub mod config;
@@ -17,6 +18,7 @@ pub mod metrics;
 pub mod services;
 pub mod session;
 pub mod switch;
+pub mod tap;
 pub mod udp;
 
 pub use config::{

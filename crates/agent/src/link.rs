@@ -74,6 +74,7 @@ pub struct Link {
     pub early_start: bool,
     pub early: Arc<EarlyStats>,
     metrics: Arc<crate::metrics::Metrics>,
+    taps: Arc<crate::tap::Taps>,
 }
 
 /// Removes a session's route when the session ends.
@@ -101,7 +102,7 @@ impl Link {
         sched: Scheduling,
         local_connect_timeout: Duration,
         handshake: Option<watch::Receiver<Handshake>>,
-        metrics: Arc<crate::metrics::Metrics>,
+        (metrics, taps): (Arc<crate::metrics::Metrics>, Arc<crate::tap::Taps>),
     ) -> Arc<Link> {
         let early_start = handshake.is_some();
         let handshake = handshake.unwrap_or_else(|| watch::channel(Handshake::Complete).1);
@@ -119,6 +120,7 @@ impl Link {
             next_session: AtomicU64::new(0),
             routes: Mutex::new(Routes::default()),
             metrics,
+            taps,
         })
     }
 
@@ -158,6 +160,7 @@ impl Link {
                 .coalesce
                 .map(|w| CoalesceConfig::new(w, coalesce_epoch())),
             metrics: self.metrics.clone(),
+            taps: self.taps.clone(),
         }
     }
 

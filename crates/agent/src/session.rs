@@ -50,6 +50,7 @@ use tracing::{debug, info, warn};
 
 use crate::metrics::{Meter, Origin, SessionMeter};
 use crate::services::Service;
+use crate::tap::SessionTap;
 
 /// A further lane of a session that the peer opened, routed here by the link.
 /// Sent boxed: every session has a channel for them, and tokio allocates its
@@ -95,6 +96,8 @@ pub struct SessionInfo {
     /// `None`: everything leaves as soon as it is read.
     pub coalesce: Option<CoalesceConfig>,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// `quicsdn snoop` clients.
+    pub taps: Arc<crate::tap::Taps>,
 }
 
 /// Where a connection's TLS handshake stands, for sessions started in 0-RTT.
@@ -325,6 +328,14 @@ pub async fn run(
     let (meter, sent_meter, delivered_meter) =
         info.metrics
             .session(&info.switch, &service.name, service.framing, info.direction);
+    let tap = SessionTap::new(
+        info.taps.clone(),
+        info.switch.clone(),
+        &service.name,
+        info.id,
+        service.framing,
+    );
+    tap.opened();
     let (abort_tx, abort_rx) = watch::channel(None::<u32>);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let outbound = Outbound::new(
@@ -372,7 +383,7 @@ pub async fn run(
         events_rx,
         abort_rx.clone(),
         gate(true),
-        sent_meter,
+        (sent_meter, tap.clone(), info.direction),
     );
     let inn = pump_in(
         wr,
@@ -382,7 +393,7 @@ pub async fn run(
         events_tx,
         abort_rx,
         gate(false),
-        delivered_meter,
+        (delivered_meter, tap.clone(), received),
     );
     tokio::pin!(out, inn);
     let (mut out_done, mut in_done) = (false, false);
@@ -416,6 +427,7 @@ pub async fn run(
     }
     // A refused connection (admission control) never reached the controller
     // agent's application: like a rejected 0-RTT, nothing sent early arrived.
+    tap.closed();
     let rejected = matches!(first_failure, Some((_, End::ZeroRttRejected))) || refused();
     if rejected
         && counts.bytes_in == 0
@@ -545,7 +557,7 @@ async fn pump_out(
     events: mpsc::UnboundedReceiver<InboundEvent>,
     abort: watch::Receiver<Option<u32>>,
     gate: Option<Gate>,
-    meter: Meter,
+    (meter, tap, direction): (Meter, SessionTap, Direction),
 ) -> OutEnd {
     let lanes = outbound.lanes();
     let mut out = OutPump {
@@ -562,6 +574,8 @@ async fn pump_out(
         messages: 0,
         bytes: 0,
         meter,
+        tap,
+        direction,
     };
     out.ingest(&preread);
     out.advance(!preread.is_empty(), false);
@@ -603,6 +617,9 @@ struct OutPump {
     messages: u64,
     bytes: u64,
     meter: Meter,
+    tap: SessionTap,
+    /// The way this side's messages travel.
+    direction: Direction,
 }
 
 impl OutPump {
@@ -822,6 +839,12 @@ impl OutPump {
             self.meter.count(&batch.bytes);
             self.ensure_open(batch.lane).await?;
             let send = self.sends[batch.lane].as_mut().expect("opened above");
+            self.tap.run(
+                self.direction,
+                batch.lane,
+                Some(send.id().into()),
+                &batch.bytes,
+            );
             match or_abort(&mut self.abort, send.write_chunk(batch.bytes)).await {
                 Err(_) => return Err(End::Aborted),
                 Ok(Err(e)) => return Err(write_end(e)),
@@ -920,12 +943,20 @@ async fn pump_in(
     events: mpsc::UnboundedSender<InboundEvent>,
     abort: watch::Receiver<Option<u32>>,
     gate: Option<Gate>,
-    mut meter: Meter,
+    (mut meter, tap, received): (Meter, SessionTap, Direction),
 ) -> (End, u64, LocalWrite) {
     let mut bytes = 0;
     let mut wr = wr;
     let end = pump_in_inner(
-        &mut wr, inbound, main, lanes, events, abort, gate, &mut bytes, &mut meter,
+        &mut wr,
+        inbound,
+        main,
+        lanes,
+        events,
+        abort,
+        gate,
+        &mut bytes,
+        (&mut meter, &tap, received),
     )
     .await;
     (end, bytes, wr)
@@ -983,10 +1014,13 @@ async fn pump_in_inner(
     mut abort: watch::Receiver<Option<u32>>,
     mut gate: Option<Gate>,
     bytes: &mut u64,
-    meter: &mut Meter,
+    (meter, tap, received): (&mut Meter, &SessionTap, Direction),
 ) -> End {
     let (stop_tx, stop_rx) = watch::channel(None::<u32>);
     let mut feeds: Vec<Option<LaneFeed>> = (0..inbound.lanes()).map(|_| None).collect();
+    // Each lane's QUIC stream, for `quicsdn snoop`.
+    let mut streams: Vec<Option<u64>> = vec![None; feeds.len()];
+    streams[0] = Some(main.0.id().into());
     feeds[0] = Some(LaneFeed::new(main.0, main.1, stop_rx.clone()));
     let mut lanes_open = true;
     let mut start = 0;
@@ -1027,6 +1061,7 @@ async fn pump_in_inner(
                         Some(code::PROTOCOL_VIOLATION),
                     );
                 }
+                streams[l.lane] = Some(l.recv.id().into());
                 feeds[l.lane] = Some(LaneFeed::new(l.recv, l.initial, stop_rx.clone()));
             }
             InEvent::Chunk(lane, Ok(Some(chunk))) => {
@@ -1042,6 +1077,9 @@ async fn pump_in_inner(
                 };
                 for ev in inbound.take_events() {
                     let _ = events.send(ev);
+                }
+                for (run, &lane) in runs.iter().zip(inbound.run_lanes()) {
+                    tap.run(received, lane, streams[lane], run);
                 }
                 if let Err(f) = deliver(wr, runs, &mut gate, &mut abort, false, bytes, meter).await
                 {

@@ -69,6 +69,8 @@ struct Inner {
     /// up, so OVS's connections wait for the next attempt instead of closing.
     refused: AtomicBool,
     metrics: Arc<Metrics>,
+    /// `quicsdn snoop` clients.
+    taps: Arc<crate::tap::Taps>,
     /// `--qlog-dir`, and the QUIC options of the transport settings it wraps.
     qlog: Option<(quic::Qlog, quic::QuicOptions)>,
 }
@@ -144,6 +146,7 @@ impl SwitchAgent {
             zero_rtt_rejected: AtomicBool::new(false),
             refused: AtomicBool::new(false),
             metrics,
+            taps: crate::tap::Taps::new(),
             qlog,
         });
         let shutdown = Shutdown::new();
@@ -287,8 +290,31 @@ impl control::Handler for Control {
                 _ => vec![],
             },
             admission: None,
+            keylog: None,
         };
         Box::pin(async move { status })
+    }
+
+    fn snoop(
+        &self,
+        switch: Option<String>,
+        service: Option<String>,
+        follow: bool,
+    ) -> control::Answer<'_, Result<control::Snoop, String>> {
+        let inner = &self.0;
+        let picked = control::pick("switch", switch.as_deref(), &[inner.identity.to_string()])
+            .and_then(|switch| {
+                let names: Vec<String> = inner.services.iter().map(|s| s.name.clone()).collect();
+                let service = control::pick("service", service.as_deref(), &names)?;
+                let framing = inner.services.get(&service).expect("picked").framing;
+                Ok(control::Snoop {
+                    subscription: inner.taps.subscribe(&switch, &service, follow),
+                    switch,
+                    service,
+                    framing: framing.name(),
+                })
+            });
+        Box::pin(async move { picked })
     }
 
     fn rebind(&self, bind: Option<SocketAddr>) -> Result<SocketAddr, String> {
@@ -569,7 +595,7 @@ async fn connect_once(inner: &Arc<Inner>, index: usize, probe: bool) -> Result<A
             },
             cfg.common.local_connect_timeout,
             confirmed,
-            inner.metrics.clone(),
+            (inner.metrics.clone(), inner.taps.clone()),
         )
     };
     // After a rejection, one full handshake (the next attempt gets fresh tickets).

@@ -64,6 +64,10 @@ pub enum Command {
     Controller(ControllerArgs),
     /// Talk to a running agent's control socket (its --control path).
     Control(ControlArgs),
+    /// Show one switch's OpenFlow or OVSDB messages as they pass a running
+    /// agent, decoded, one per line (as `ovs-ofctl snoop` does); optionally
+    /// write them as a pcap that Wireshark and `ovs-ofctl ofp-parse-pcap` read.
+    Snoop(SnoopArgs),
     /// The TCP↔QUIC proxy pair: unmodified TCP applications over one
     /// mutually-authenticated QUIC connection.
     #[command(subcommand)]
@@ -97,6 +101,48 @@ pub struct ControlArgs {
     pub socket: PathBuf,
     #[command(subcommand)]
     pub request: ControlRequest,
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Each line: time (UTC), session, direction (to_switch or to_controller), \
+    the lane and QUIC stream the message rode, then the message: type, OpenFlow version, xid, \
+    length, and for FLOW_MOD, PACKET_IN and ERROR their main fields; for OVSDB the JSON-RPC \
+    method, id and length. A malformed message is printed as such. The agent never waits for \
+    snoop: when it cannot keep up, a line says how many messages were dropped."
+)]
+pub struct SnoopArgs {
+    /// The agent's control socket (its --control path).
+    #[arg(long, value_name = "PATH")]
+    pub socket: PathBuf,
+    /// The switch to watch. [default: the only one connected; a switch
+    /// agent's own]
+    #[arg(long, value_name = "NAME")]
+    pub switch: Option<String>,
+    /// The service to watch, e.g. openflow or ovsdb. [default: the only one
+    /// configured]
+    #[arg(long, value_name = "NAME")]
+    pub service: Option<String>,
+    /// Keep watching the switch's next sessions (reconnects) instead of
+    /// stopping when the session watched closes.
+    #[arg(long)]
+    pub follow: bool,
+    /// Also write the messages to FILE as a pcap in which each session is an
+    /// ordinary TCP connection to port 6653 (OVSDB: 6640), for tshark's
+    /// dissectors and `ovs-ofctl ofp-parse-pcap`.
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<PathBuf>,
+    /// Stop after N messages.
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+    /// Append to FILE the TLS secrets (NSS key log format, for Wireshark's
+    /// QUIC dissector) of the agent's QUIC handshakes made while snoop runs.
+    /// Secrets exist only at handshake time: a connection already up is not
+    /// covered; make it reconnect while snoop runs. Whoever holds FILE can
+    /// decrypt those connections. (`SSLKEYLOGFILE=FILE` in an agent's
+    /// environment logs all its handshakes from its start.)
+    #[arg(long, value_name = "FILE")]
+    pub keylog: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug, Clone)]

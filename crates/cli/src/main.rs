@@ -2,7 +2,9 @@
 
 mod args;
 mod check;
+mod pcap;
 mod proxy_args;
+mod snoop;
 mod systemd;
 mod units;
 
@@ -54,6 +56,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Pki(cmd) => pki_command(cmd),
         Command::Control(args) => control_command(args),
+        Command::Snoop(args) => snoop::run(args),
         Command::CheckConfig(args) => check::run(args),
         Command::Switch(args) => {
             let file = FileConfig::load(args.common.quic.config.as_deref())?;

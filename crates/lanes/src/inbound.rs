@@ -65,6 +65,8 @@ pub struct Inbound {
     /// Report PACKET_INs (OpenFlow towards the controller, any mode).
     watch_packet_in: bool,
     events: Vec<InboundEvent>,
+    /// The lane of each run the last [`Inbound::push`] returned.
+    run_lanes: Vec<usize>,
 }
 
 impl Inbound {
@@ -94,6 +96,7 @@ impl Inbound {
             watch_echo: safe && framing == Framing::JsonRpc,
             watch_packet_in: framing == Framing::OpenFlow && direction == Direction::ToController,
             events: Vec::new(),
+            run_lanes: Vec::new(),
         }
     }
 
@@ -109,6 +112,12 @@ impl Inbound {
         self.lanes.get(lane).is_some_and(|l| !l.wait.is_empty())
     }
 
+    /// The lane each run returned by the last [`Inbound::push`] rode, in
+    /// order (for `quicsdn snoop`).
+    pub fn run_lanes(&self) -> &[usize] {
+        &self.run_lanes
+    }
+
     /// What the sending side of this session should learn (drained).
     pub fn take_events(&mut self) -> Vec<InboundEvent> {
         std::mem::take(&mut self.events)
@@ -118,6 +127,7 @@ impl Inbound {
     /// now deliverable, in order. Without markers, a chunk holding only whole
     /// messages is passed on without copying.
     pub fn push(&mut self, lane: usize, chunk: Bytes) -> Result<Vec<Bytes>, InboundError> {
+        self.run_lanes.clear();
         let n = self.lanes.len();
         let l = self
             .lanes
@@ -139,6 +149,7 @@ impl Inbound {
                 let run = chunk.slice(..len);
                 self.note(&run);
                 out.push(run);
+                self.run_lanes.push(lane);
             }
             return Ok(out);
         }
@@ -205,6 +216,7 @@ impl Inbound {
             l.consumed += len as u64;
             self.note(&run);
             out.push(run);
+            self.run_lanes.push(i);
             progress = true;
         }
     }

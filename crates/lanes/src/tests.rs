@@ -585,7 +585,12 @@ fn transmit(batches: &[Batch], rng: &mut Rng, loss: u64) -> Vec<(u64, usize, Byt
 fn deliver(inbound: &mut Inbound, batches: &[Batch], rng: &mut Rng, loss: u64) -> Vec<u8> {
     let mut got = Vec::new();
     for (_, lane, chunk) in transmit(batches, rng, loss) {
-        for run in inbound.push(lane, chunk).unwrap() {
+        let runs = inbound.push(lane, chunk).unwrap();
+        // Each run names the lane it rode (for `quicsdn snoop`): the lane
+        // whose chunk arrived, or one it unblocked.
+        assert_eq!(inbound.run_lanes().len(), runs.len());
+        assert!(inbound.run_lanes().iter().all(|&l| l < inbound.lanes()));
+        for run in runs {
             got.extend_from_slice(&run);
         }
     }

@@ -6,12 +6,14 @@
 //! * [`tls`], [`identity`], [`pki`] — mutual TLS 1.3: loading PEM credentials,
 //!   naming peers by certificate, issuing certificates.
 //! * [`quic`] — quinn endpoints with quicsdn's transport settings;
-//!   [`resumption`] — the server's TLS session store behind 0-RTT.
+//!   [`resumption`] — the server's TLS session store behind 0-RTT;
+//!   [`keylog`] — TLS secrets for Wireshark (`SSLKEYLOGFILE`, `snoop --keylog`).
 //! * [`backoff`] — OVS-like reconnect backoff with jitter (pure);
 //!   [`shutdown`] — the stop signal of a process's tasks.
 
 pub mod backoff;
 pub mod identity;
+pub mod keylog;
 pub mod local;
 pub mod pki;
 pub mod quic;

@@ -369,6 +369,8 @@ pub fn server_config(
     sessions: Arc<SessionStore>,
 ) -> Result<quinn::ServerConfig, EndpointError> {
     let mut tls = creds.server_config_for(opts.application)?;
+    // Off unless SSLKEYLOGFILE or a `snoop --keylog` asks (loudly).
+    tls.key_log = crate::keylog::hub();
     tls.session_storage = sessions;
     tls.send_tls13_tickets = TICKETS_PER_CONNECTION;
     if opts.zero_rtt {
@@ -514,6 +516,8 @@ pub fn client_config(
     opts: &QuicOptions,
 ) -> Result<quinn::ClientConfig, TlsError> {
     let mut tls = creds.client_config_for(opts.application)?;
+    // Off unless SSLKEYLOGFILE or a `snoop --keylog` asks (loudly).
+    tls.key_log = crate::keylog::hub();
     // Tickets are kept by rustls' default in-memory cache (8 per server name).
     tls.enable_early_data = opts.zero_rtt;
     let crypto = QuicClientConfig::try_from(tls).map_err(|e| TlsError::Config(e.to_string()))?;

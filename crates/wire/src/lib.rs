@@ -8,6 +8,7 @@
 //!   OpenFlow (header-length framing, any version), JSON-RPC as OVSDB speaks it
 //!   (concatenated JSON objects), or raw bytes. Framers are pure state machines
 //!   that accept input split or merged at any byte boundary.
+//! * [`decode`] summarises whole messages in one line each (`quicsdn snoop`).
 //! * [`openflow`] reads OpenFlow headers and names message types across versions.
 //! * [`preamble`] encodes the few bytes that open each QUIC stream (which service,
 //!   which session, which lane) and the agents' hello exchange.
@@ -16,6 +17,7 @@
 //! Nothing here allocates per message beyond what the caller hands in, touches a
 //! socket, or reads a clock.
 
+pub mod decode;
 pub mod framing;
 pub mod openflow;
 pub mod preamble;

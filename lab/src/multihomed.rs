@@ -346,8 +346,18 @@ impl Multihomed {
     /// side), as OVS's own tools print them (read only).
     pub fn tables(&self, i: usize) -> Result<String> {
         let ovs = &self.ovs[i - 1];
-        let flows = ovs.dump_flows(BRIDGE)?;
-        let groups = ovs.ofctl(&["-O", "OpenFlow13", "dump-groups", BRIDGE])?;
+        let target = ovs.bridge_target(BRIDGE);
+        let dump = |what: &str| {
+            ovs.ofctl(&[
+                "-O",
+                "OpenFlow13",
+                "--no-names",
+                "--no-stats",
+                what,
+                &target,
+            ])
+        };
+        let (groups, flows) = (dump("dump-groups")?, dump("dump-flows")?);
         Ok(format!("{groups}{flows}"))
     }
 

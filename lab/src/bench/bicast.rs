@@ -16,7 +16,8 @@
 //! give what each path carried, so the cost of bicast is reported beside its
 //! gain.
 //!
-//! Writes `bicast.csv`, `summary.md` (medians, the paper's claims, the
+//! Writes `bicast.csv`, `tables-MODE.txt` (the flow and group tables the
+//! controller installed, dumped by `ovs-ofctl`), `summary.md` (medians, the paper's claims, the
 //! issue's targets met or missed) and, when matplotlib is available, a plot in
 //! the style of Fig. 8. A benchmark: it asserts nothing about speed.
 
@@ -236,6 +237,16 @@ pub fn run(mut args: BicastArgs) -> Result<()> {
             venv_dir: args.venv_dir.clone(),
         })
         .with_context(|| format!("bringing up the multihomed lab ({})", mode.as_str()))?;
+        // What the controller installed, as OVS's own tools print it (the
+        // paper's Tables III-V).
+        std::fs::write(
+            args.out.join(format!("tables-{}.txt", mode.as_str())),
+            format!(
+                "server-side switch (dpid 1):\n{}\nclient-side switch (dpid 2):\n{}",
+                lab.tables(1)?,
+                lab.tables(2)?
+            ),
+        )?;
         for &variant in &args.variants {
             let servers = start_servers(&mut lab, variant, &www)?;
             let url = match variant.is_quic() {

@@ -24,7 +24,12 @@ no static neighbours (the paper's controller answers ARP itself).
 
 Options (written `--name=value` after the apps on the launcher's command line):
 
-  --bicast-mode=bicast|unicast   default bicast
+  --bicast-mode=bicast|unicast|bicast-both   default bicast
+
+`bicast-both` also duplicates the client side's packets onto both paths (a
+group of type ALL on the client-side switch too): the lab's control-channel
+bicast, where the "client" is a switch agent whose QUIC connection to its
+controller agent must survive one lossy or cut path in either direction.
 
 Each switch's rules are installed when it connects: its old flows and groups
 are deleted first, then a BARRIER; the app logs one `bicast: installed` line
@@ -53,7 +58,7 @@ except ImportError:
 CONF = cfg.CONF
 try:
     CONF.register_cli_opts([
-        cfg.StrOpt("bicast-mode", default="bicast", choices=["bicast", "unicast"],
+        cfg.StrOpt("bicast-mode", default="bicast", choices=["bicast", "unicast", "bicast-both"],
                    help="duplicate the server's packets onto both paths, or use path A"),
     ])
 except oslo_config.cfg.ArgsAlreadyParsedError:
@@ -95,7 +100,7 @@ class Bicast(App):
                                       match=parser.OFPMatch()))
         dp.send_msg(parser.OFPGroupMod(dp, command=ofp.OFPGC_DELETE, group_id=ofp.OFPG_ALL))
         if dp.id == SERVER_SIDE:
-            if self.mode == "bicast":
+            if self.mode in ("bicast", "bicast-both"):
                 # Type ALL: every bucket gets a copy of the packet (§5.6.1).
                 buckets = [parser.OFPBucket(actions=[out(p)]) for p in (PATH_A, PATH_B)]
                 dp.send_msg(parser.OFPGroupMod(dp, command=ofp.OFPGC_ADD, type_=ofp.OFPGT_ALL,
@@ -108,7 +113,13 @@ class Bicast(App):
         else:
             self.flow(dp, PATH_A, [out(HOST_PORT)])
             self.flow(dp, PATH_B, [out(HOST_PORT)])
-            self.flow(dp, HOST_PORT, [out(PATH_A)])
+            if self.mode == "bicast-both":
+                buckets = [parser.OFPBucket(actions=[out(p)]) for p in (PATH_A, PATH_B)]
+                dp.send_msg(parser.OFPGroupMod(dp, command=ofp.OFPGC_ADD, type_=ofp.OFPGT_ALL,
+                                               group_id=GROUP, buckets=buckets))
+                self.flow(dp, HOST_PORT, [parser.OFPActionGroup(GROUP)])
+            else:
+                self.flow(dp, HOST_PORT, [out(PATH_A)])
         barrier = parser.OFPBarrierRequest(dp)
         dp.send_msg(barrier)
         self.barriers[dp.id] = barrier.xid

@@ -26,7 +26,10 @@
 //!   QUIC connection per switch to the controller agent beside os-ken. The
 //!   control network is two veth pairs (P-ctl ↔ P-s1, P-ctl ↔ P-s2), apart
 //!   from the data paths.
-//! * `unicast` installs the same topology with path A only (Table V).
+//! * `unicast` installs the same topology with path A only (Table V);
+//!   `bicast-both` duplicates the client's direction too (control-channel
+//!   bicast: the client namespace then runs a switch's OVS and agent, the
+//!   server namespace its controller, `lab/tests/control_bicast_e2e.rs`).
 //!
 //! Everything is removed on drop (processes by PID, OVS by its recorded
 //! PIDs, links by record, namespaces by name); [`Multihomed::up`] first
@@ -62,6 +65,9 @@ const PATH_OFPORTS: [u16; 2] = [2, 3];
 pub enum Mode {
     Unicast,
     Bicast,
+    /// Both directions on both paths: control-channel bicast, where the
+    /// client is a switch agent and the server its controller agent.
+    BicastBoth,
 }
 
 impl Mode {
@@ -69,6 +75,7 @@ impl Mode {
         match self {
             Mode::Unicast => "unicast",
             Mode::Bicast => "bicast",
+            Mode::BicastBoth => "bicast-both",
         }
     }
 }

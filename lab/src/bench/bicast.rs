@@ -293,7 +293,11 @@ pub fn run(mut args: BicastArgs) -> Result<()> {
                         loss,
                         d.status,
                         d.seconds,
-                        if d.sha_ok { "ok" } else { "MISMATCH" },
+                        match (d.status, d.sha_ok) {
+                            ("ok", true) => "ok",
+                            ("ok", false) => "MISMATCH",
+                            _ => "n/a",
+                        },
                         out::bytes(d.paths[0][0].bytes as f64),
                         out::bytes(d.paths[1][0].bytes as f64),
                     );

@@ -84,6 +84,15 @@ class Bicast(App):
         dp.send_msg(parser.OFPFlowMod(dp, priority=100, match=parser.OFPMatch(in_port=in_port),
                                       instructions=inst))
 
+    def both_paths(self, dp):
+        """Everything from the host port to group 1: type ALL, one bucket per
+        path, so every bucket gets a copy of the packet (OpenFlow 1.3 §5.6.1)."""
+        parser = dp.ofproto_parser
+        buckets = [parser.OFPBucket(actions=[parser.OFPActionOutput(p)]) for p in (PATH_A, PATH_B)]
+        dp.send_msg(parser.OFPGroupMod(dp, command=ofp.OFPGC_ADD, type_=ofp.OFPGT_ALL,
+                                       group_id=GROUP, buckets=buckets))
+        self.flow(dp, HOST_PORT, [parser.OFPActionGroup(GROUP)])
+
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
     def switch_features(self, ev):
         dp = ev.msg.datapath
@@ -101,11 +110,7 @@ class Bicast(App):
         dp.send_msg(parser.OFPGroupMod(dp, command=ofp.OFPGC_DELETE, group_id=ofp.OFPG_ALL))
         if dp.id == SERVER_SIDE:
             if self.mode in ("bicast", "bicast-both"):
-                # Type ALL: every bucket gets a copy of the packet (§5.6.1).
-                buckets = [parser.OFPBucket(actions=[out(p)]) for p in (PATH_A, PATH_B)]
-                dp.send_msg(parser.OFPGroupMod(dp, command=ofp.OFPGC_ADD, type_=ofp.OFPGT_ALL,
-                                               group_id=GROUP, buckets=buckets))
-                self.flow(dp, HOST_PORT, [parser.OFPActionGroup(GROUP)])
+                self.both_paths(dp)
             else:
                 self.flow(dp, HOST_PORT, [out(PATH_A)])
             self.flow(dp, PATH_A, [out(HOST_PORT)])
@@ -114,10 +119,7 @@ class Bicast(App):
             self.flow(dp, PATH_A, [out(HOST_PORT)])
             self.flow(dp, PATH_B, [out(HOST_PORT)])
             if self.mode == "bicast-both":
-                buckets = [parser.OFPBucket(actions=[out(p)]) for p in (PATH_A, PATH_B)]
-                dp.send_msg(parser.OFPGroupMod(dp, command=ofp.OFPGC_ADD, type_=ofp.OFPGT_ALL,
-                                               group_id=GROUP, buckets=buckets))
-                self.flow(dp, HOST_PORT, [parser.OFPActionGroup(GROUP)])
+                self.both_paths(dp)
             else:
                 self.flow(dp, HOST_PORT, [out(PATH_A)])
         barrier = parser.OFPBarrierRequest(dp)

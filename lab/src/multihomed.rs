@@ -42,7 +42,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use crate::agents::{AgentTls, openflow_socket, start_controller_agent, start_switch_agent};
-use crate::controller::{ControllerKind, ControllerSpec, start_controller_with};
+use crate::controller::{ControllerSpec, start_controller_with};
 use crate::emulator::{self, Accounting, DirSettings, LinkRecord, LinkSpec};
 use crate::host::{HostSpec, attach_host};
 use crate::netns::{Netns, VethEnd, create_veth};
@@ -278,15 +278,8 @@ impl Multihomed {
         let controller = start_controller_with(
             &ctl,
             &ControllerSpec {
-                kind: ControllerKind::Osken,
-                listen_host: "127.0.0.1".into(),
-                port: 6653,
-                tls: None,
-                work_dir: spec.dir.join("ctl"),
-                repo_dir: spec.repo_dir.clone(),
                 venv_dir: spec.venv_dir.clone(),
-                faucet_yaml: None,
-                ready_timeout: Duration::from_secs(60),
+                ..ControllerSpec::osken_on_loopback(spec.dir.join("ctl"), spec.repo_dir.clone())
             },
             &[
                 spec.repo_dir

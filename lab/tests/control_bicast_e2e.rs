@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::{require_root, serial};
 use quicsdn_lab::agents::{openflow_socket, start_controller_agent, start_switch_agent};
-use quicsdn_lab::controller::{ControllerKind, ControllerSpec, start_controller};
+use quicsdn_lab::controller::{ControllerSpec, start_controller};
 use quicsdn_lab::emulator::{DirSettings, cli::parse_loss};
 use quicsdn_lab::host::{HostSpec, attach_host, ping};
 use quicsdn_lab::multihomed::{Mode, Multihomed, MultihomedSpec, SERVER_IP};
@@ -90,17 +90,7 @@ fn the_control_channel_survives_a_lossy_path_and_a_cut_one() {
     // Its controller (L2 learning) and the agents, across the two paths.
     let controller = start_controller(
         &server,
-        &ControllerSpec {
-            kind: ControllerKind::Osken,
-            listen_host: "127.0.0.1".into(),
-            port: 6653,
-            tls: None,
-            work_dir: dir.join("ctl"),
-            repo_dir: default_repo_dir(),
-            venv_dir: None,
-            faucet_yaml: None,
-            ready_timeout: Duration::from_secs(60),
-        },
+        &ControllerSpec::osken_on_loopback(dir.join("ctl"), default_repo_dir()),
     )
     .unwrap();
     let ctl_agent = start_controller_agent(

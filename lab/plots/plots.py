@@ -1,6 +1,6 @@
 """Plots of quicsdn-lab's benches, in the style of the quicSDN papers' figures.
 
-    python plots.py overhead|delay|table1|model|hol|migration|reconnect|storm DIR
+    python plots.py overhead|delay|table1|model|hol|migration|reconnect|storm|bicast DIR
 
 Reads DIR/<kind>.csv (written by `quicsdn-lab bench <kind>` or `quicsdn-lab model`),
 writes PNGs into DIR and prints their paths, one per line. Only reads and draws:
@@ -308,7 +308,48 @@ def storm(d):
     save(fig, d, "storm.png")
 
 
+def bicast(d):
+    """The bicast paper's Fig. 8: download time against the loss rate of the
+    client-side paths, one line per variant and mode (median of the
+    downloads; a timed-out cell is drawn at the timeout with an open marker)."""
+    data = rows(os.path.join(d, "bicast.csv"))
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    colors = {"tcp-cubic": "#d62728", "tcp-bbr": "#ff7f0e", "quic-bbr": "#1f77b4",
+              "quic-cubic": "#2ca02c"}
+    for v in order(r["variant"] for r in data):
+        for m in order(r["mode"] for r in data):
+            pts, outs = [], []
+            for loss in sorted({float(r["loss_pct"]) for r in data}):
+                cell = [r for r in data if r["variant"] == v and r["mode"] == m
+                        and float(r["loss_pct"]) == loss]
+                ok = sorted(float(r["seconds"]) for r in cell if r["status"] == "ok")
+                if ok and not any(r["status"] == "timeout" for r in cell):
+                    pts.append((loss, ok[len(ok) // 2]))
+                elif any(r["status"] == "timeout" for r in cell):
+                    outs.append((loss, max(float(r["seconds"]) for r in cell
+                                           if r["status"] == "timeout")))
+            if not pts and not outs:
+                continue
+            style = "-" if m == "bicast" else "--"
+            label = "%s %s" % (v, m)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o",
+                        color=colors.get(v), label=label, ms=4)
+            if outs:
+                ax.plot([p[0] for p in outs], [p[1] for p in outs], linestyle="none",
+                        marker="^", mfc="none", color=colors.get(v), ms=6,
+                        label=None if pts else label + " (timeout)")
+    ax.set_xlabel("packet loss rate of the client-side paths (%)")
+    ax.set_ylabel("download time (s)")
+    ax.set_yscale("log")
+    ax.set_title("download time vs loss: unicast and bicast (cf. Fig. 8)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    save(fig, d, "bicast.png")
+
+
 if __name__ == "__main__":
     kind, d = sys.argv[1], sys.argv[2]
     {"overhead": overhead, "delay": delay, "table1": table1, "model": model, "hol": hol,
-     "migration": migration, "reconnect": reconnect, "storm": storm}[kind](d)
+     "migration": migration, "reconnect": reconnect, "storm": storm,
+     "bicast": bicast}[kind](d)

@@ -140,6 +140,24 @@ pub struct ControllerSpec {
     pub ready_timeout: Duration,
 }
 
+impl ControllerSpec {
+    /// os-ken on its namespace's loopback, port 6653, no TLS (behind the
+    /// quicsdn agents), the default venvs, a 60 s readiness timeout.
+    pub fn osken_on_loopback(work_dir: PathBuf, repo_dir: PathBuf) -> ControllerSpec {
+        ControllerSpec {
+            kind: ControllerKind::Osken,
+            listen_host: "127.0.0.1".into(),
+            port: 6653,
+            tls: None,
+            work_dir,
+            repo_dir,
+            venv_dir: None,
+            faucet_yaml: None,
+            ready_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
 /// A started controller.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunningController {

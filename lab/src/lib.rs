@@ -35,6 +35,7 @@ pub mod controller;
 pub mod demo;
 pub mod emulator;
 pub mod host;
+pub mod multihomed;
 pub mod netns;
 pub mod openflow_peer;
 pub mod ovs;

@@ -66,6 +66,10 @@ enum Bench {
     /// Bulk throughput through the TCP↔QUIC proxy pair (`quicsdn proxy`) on
     /// loopback against direct TCP, with CPU per GB.
     Proxy(quicsdn_lab::bench::proxy::ProxyArgs),
+    /// The bicast paper's Fig. 8: time to download a file over the multihomed lab
+    /// (two emulated paths, OVS group of type ALL) vs loss, unicast and bicast,
+    /// TCP (CUBIC, BBR) and QUIC through the proxy pair (BBR, CUBIC), sha256-checked.
+    Bicast(quicsdn_lab::bench::bicast::BicastArgs),
     /// Bounded memory under a stalled peer: a controller that reads nothing under a
     /// PACKET_IN flood, a switch that reads nothing under a FLOW_MOD storm; agents'
     /// RSS, echo through the priority lane, and an exactly-once audit afterwards.
@@ -222,6 +226,7 @@ fn run(cli: Cli) -> Result<()> {
         },
         Command::Bench(Bench::Relay(a)) => quicsdn_lab::bench::relay::run(a)?,
         Command::Bench(Bench::Proxy(a)) => quicsdn_lab::bench::proxy::run(a)?,
+        Command::Bench(Bench::Bicast(a)) => quicsdn_lab::bench::bicast::run(a)?,
         Command::Bench(Bench::Stall(a)) => {
             quicsdn_lab::bench::stall::run(a)?;
         }

@@ -1,6 +1,8 @@
 //! Benchmark commands: `quicsdn-lab bench NAME`. They print numbers and write
 //! results; tests check delivery and schemas, never speed.
 //!
+//! * [`bicast`]: the bicast paper's Fig. 8 on the multihomed lab
+//!   ([`crate::multihomed`]).
 //! * [`relay`]: the agents against direct TCP on loopback; [`proxy`]: bulk
 //!   throughput through the TCP↔QUIC proxy pair against direct TCP.
 //! * [`overhead`], [`delay`], [`table1`]: the quicSDN papers' evaluation over an
@@ -19,6 +21,7 @@
 //! [`synth`] (the synthetic switch and controller programs), [`cell`] (one
 //! measurement), [`out`] (CSV, markdown, plots).
 
+pub mod bicast;
 pub mod cell;
 pub mod delay;
 pub mod hol;

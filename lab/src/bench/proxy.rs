@@ -136,7 +136,7 @@ fn set_tcp_congestion(fd: std::os::fd::RawFd, name: &str) -> Result<()> {
     Ok(())
 }
 
-fn parse_bytes(s: &str) -> Result<u64> {
+pub(crate) fn parse_bytes(s: &str) -> Result<u64> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().last() {
         Some((i, 'k' | 'K')) => (&s[..i], 1u64 << 10),

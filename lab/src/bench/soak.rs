@@ -632,12 +632,7 @@ fn switch_flows(dump: &str) -> HashSet<(u32, String, u64)> {
             let nw_dst = l
                 .split("nw_dst=")
                 .nth(1)
-                .map(|s| {
-                    s.split(|c: char| c == ',' || c == ' ')
-                        .next()
-                        .unwrap_or("")
-                        .to_string()
-                })
+                .map(|s| s.split([',', ' ']).next().unwrap_or("").to_string())
                 .unwrap_or_default();
             (priority, nw_dst, cookie)
         })
@@ -678,7 +673,7 @@ impl Soak<'_> {
                 };
                 let secs = if self.args.quick { 5 } else { 10 };
                 set_link(
-                    &self.bed,
+                    self.bed,
                     DirPatch {
                         loss: Some(LossModel::Bernoulli {
                             p: f64::from(pct) / 100.0,
@@ -688,7 +683,7 @@ impl Soak<'_> {
                 )?;
                 std::thread::sleep(Duration::from_secs(secs));
                 set_link(
-                    &self.bed,
+                    self.bed,
                     DirPatch {
                         loss: Some(LossModel::None),
                         ..DirPatch::default()
@@ -698,7 +693,7 @@ impl Soak<'_> {
             }
             FaultKind::LinkDown => {
                 set_link(
-                    &self.bed,
+                    self.bed,
                     DirPatch {
                         up: Some(false),
                         ..DirPatch::default()
@@ -706,7 +701,7 @@ impl Soak<'_> {
                 )?;
                 std::thread::sleep(LINK_DOWN);
                 set_link(
-                    &self.bed,
+                    self.bed,
                     DirPatch {
                         up: Some(true),
                         ..DirPatch::default()

@@ -1157,7 +1157,7 @@ fn write_results(args: &SoakArgs, r: &SoakReport) -> Result<()> {
          (`controllers/soak.py`) through the quicsdn agents (default settings), over the lab's \
          emulated control link (5 ms each way) with a NAT at the switch's end. The controller \
          sends a FLOW_MOD and an ECHO_REQUEST every second and a DESC stats request every \
-         two; a host sends a UDP packet into a table miss every 500 ms (a PACKET_IN). Each \
+         two; a host sends a UDP packet into a table miss every 500 ms (a PACKET_IN; four flows round robin, and PACKET_IN order is checked per flow, as the agents promise after OpenFlow 1.3.5 §7.4.1). Each \
          message carries a sequence number. The audit compares what OVS sent and received on \
          its controller connection (its `vconn` debug log) with what the controller sent and \
          received: exactly once and in order, or a session visibly reset (OVS logged a new \

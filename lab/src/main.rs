@@ -74,6 +74,12 @@ enum Bench {
     /// PACKET_IN flood, a switch that reads nothing under a FLOW_MOD storm; agents'
     /// RSS, echo through the priority lane, and an exactly-once audit afterwards.
     Stall(quicsdn_lab::bench::stall::StallArgs),
+    /// Fault soak with a message audit: real OVS and os-ken through the agents,
+    /// sequence-stamped OpenFlow both ways, faults on a schedule (loss bursts,
+    /// link down, kill -9 of either agent, controller and OVS restarts, NAT
+    /// rebinding); every message exactly once and in order or its session
+    /// visibly reset, and the final flow table as the controller believes it.
+    Soak(quicsdn_lab::bench::soak::SoakArgs),
     /// Head-of-line blocking with real OVS: echo RTT during a stats storm, and
     /// PACKET_IN delay, over tcp, quic ordered and quic safe.
     Hol(quicsdn_lab::bench::hol::HolArgs),
@@ -227,6 +233,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(Bench::Relay(a)) => quicsdn_lab::bench::relay::run(a)?,
         Command::Bench(Bench::Proxy(a)) => quicsdn_lab::bench::proxy::run(a)?,
         Command::Bench(Bench::Bicast(a)) => quicsdn_lab::bench::bicast::run(a)?,
+        Command::Bench(Bench::Soak(a)) => {
+            quicsdn_lab::bench::soak::run(a)?;
+        }
         Command::Bench(Bench::Stall(a)) => {
             quicsdn_lab::bench::stall::run(a)?;
         }

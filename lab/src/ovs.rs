@@ -148,28 +148,45 @@ impl Ovs {
         };
         let started = (|| -> Result<()> {
             ovs.vsctl_no_wait(&["init"])?;
-            let mut c = netns.command("ovs-vswitchd");
-            env(&mut c);
-            c.arg(format!("unix:{}", p("db.sock"))).args([
-                format!("--unixctl={}", p("ovs-vswitchd.ctl")),
-                format!("--pidfile={}", p("ovs-vswitchd.pid")),
-                format!("--log-file={}", p("ovs-vswitchd.log")),
-                "-vconsole:off".into(),
-                "--no-chdir".into(),
-                "--detach".into(),
-            ]);
-            run(&mut c)?;
-            ovs.vswitchd = ProcRecord::from_pidfile(
-                format!("ovs-vswitchd in {}", netns.name),
-                &dir.join("ovs-vswitchd.pid"),
-            )?;
-            Ok(())
+            ovs.start_vswitchd(&[])
         })();
         if let Err(e) = started {
             let _ = ovs.ovsdb_server.terminate(Duration::from_secs(5));
             return Err(e);
         }
         Ok(ovs)
+    }
+
+    /// Runs `ovs-vswitchd` against this instance's database, with `extra` options.
+    fn start_vswitchd(&mut self, extra: &[&str]) -> Result<()> {
+        let p = |f: &str| path(&self.dir, f);
+        let mut c = Netns::named(&self.netns).command("ovs-vswitchd");
+        for var in ["OVS_RUNDIR", "OVS_DBDIR", "OVS_LOGDIR"] {
+            c.env(var, &self.dir);
+        }
+        c.arg(format!("unix:{}", p("db.sock"))).args([
+            format!("--unixctl={}", p("ovs-vswitchd.ctl")),
+            format!("--pidfile={}", p("ovs-vswitchd.pid")),
+            format!("--log-file={}", p("ovs-vswitchd.log")),
+            "-vconsole:off".into(),
+            "--no-chdir".into(),
+            "--detach".into(),
+        ]);
+        c.args(extra);
+        run(&mut c)?;
+        self.vswitchd = ProcRecord::from_pidfile(
+            format!("ovs-vswitchd in {}", self.netns),
+            &self.dir.join("ovs-vswitchd.pid"),
+        )?;
+        Ok(())
+    }
+
+    /// Stops `ovs-vswitchd` (SIGTERM, as `systemctl restart` does) and starts it
+    /// again on the same database, with `extra` options: bridges, ports and
+    /// controller targets stay, the flow tables are empty.
+    pub fn restart_vswitchd(&mut self, extra: &[&str]) -> Result<()> {
+        self.vswitchd.terminate(Duration::from_secs(5))?;
+        self.start_vswitchd(extra)
     }
 
     /// The OVSDB target of this instance: `unix:DIR/db.sock`.

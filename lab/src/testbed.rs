@@ -101,6 +101,56 @@ pub struct TestbedSpec {
     pub hosts: u32,
 }
 
+/// One of the testbed's agents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentRole {
+    Switch,
+    Controller,
+}
+
+/// How an agent was started, to start it again the same way.
+#[derive(Debug, Clone)]
+struct AgentStart {
+    role: AgentRole,
+    /// Index of its pair (see [`AgentLayout`]).
+    pair: usize,
+    netns: String,
+    /// The controller agent's UDP address (where it listens, where the switch
+    /// agent connects).
+    udp: String,
+    tls: AgentTls,
+    services: Vec<String>,
+    extra: Vec<String>,
+    log: PathBuf,
+    /// Its index in `procs`.
+    proc: usize,
+}
+
+impl AgentStart {
+    fn start(&self) -> Result<ProcRecord> {
+        let ns = Netns::named(&self.netns);
+        match self.role {
+            AgentRole::Controller => start_controller_agent(
+                &ns,
+                &self.udp,
+                &self.tls,
+                &self.services,
+                &self.extra,
+                &self.log,
+            ),
+            AgentRole::Switch => start_switch_agent(
+                &ns,
+                &self.udp,
+                "ctl",
+                &self.tls,
+                &self.services,
+                &self.extra,
+                &self.log,
+            ),
+        }
+    }
+}
+
 /// A built testbed.
 pub struct Testbed {
     pub prefix: String,
@@ -112,6 +162,9 @@ pub struct Testbed {
     /// OVS's controller targets, in order.
     ovs_targets: Vec<String>,
     pub hosts: Vec<Netns>,
+    agents: Vec<AgentStart>,
+    /// Restarts so far, for numbering the old agents' logs.
+    restarts: u32,
 }
 
 /// `stem.ext` for 0, `stem2.ext` for 1, …
@@ -175,6 +228,8 @@ impl Testbed {
             listeners: Vec::new(),
             ovs_targets: Vec::new(),
             hosts: Vec::new(),
+            agents: Vec::new(),
+            restarts: 0,
         };
         let (ctl_name, sw_name) = names(p);
         let ctl = Netns::create(&ctl_name)?;
@@ -266,23 +321,39 @@ impl Testbed {
                 }
                 for (i, (ctl_services, sw_services)) in pairs.iter().enumerate() {
                     let udp = format!("{ctl_ip}:{}", 6653 + i);
-                    bed.procs.push(start_controller_agent(
-                        &ctl,
-                        &udp,
-                        &ctl_tls,
-                        ctl_services,
-                        controller_args,
-                        &bed.controller_agent_log(i),
-                    )?);
-                    bed.procs.push(start_switch_agent(
-                        &sw,
-                        &udp,
-                        "ctl",
-                        &sw_tls,
-                        sw_services,
-                        switch_args,
-                        &bed.switch_agent_log(i),
-                    )?);
+                    let agents = [
+                        (
+                            AgentRole::Controller,
+                            &ctl,
+                            &ctl_tls,
+                            ctl_services,
+                            controller_args,
+                            bed.controller_agent_log(i),
+                        ),
+                        (
+                            AgentRole::Switch,
+                            &sw,
+                            &sw_tls,
+                            sw_services,
+                            switch_args,
+                            bed.switch_agent_log(i),
+                        ),
+                    ];
+                    for (role, ns, tls, services, extra, log) in agents {
+                        let start = AgentStart {
+                            role,
+                            pair: i,
+                            netns: ns.name.clone(),
+                            udp: udp.clone(),
+                            tls: tls.clone(),
+                            services: services.clone(),
+                            extra: extra.clone(),
+                            log,
+                            proc: bed.procs.len(),
+                        };
+                        bed.procs.push(start.start()?);
+                        bed.agents.push(start);
+                    }
                 }
                 ovs_targets
             }
@@ -329,6 +400,38 @@ impl Testbed {
 
     pub fn ovs(&self) -> &Ovs {
         self.ovs.as_ref().expect("set up")
+    }
+
+    /// Restarts `ovs-vswitchd` (its database, bridges and controller targets
+    /// stay; its flow tables do not), with `extra` options such as
+    /// `--verbose=vconn:file:dbg`.
+    pub fn restart_vswitchd(&mut self, extra: &[&str]) -> Result<()> {
+        self.ovs.as_mut().expect("set up").restart_vswitchd(extra)
+    }
+
+    fn agent(&self, role: AgentRole, pair: usize) -> Result<&AgentStart> {
+        self.agents
+            .iter()
+            .find(|a| a.role == role && a.pair == pair)
+            .with_context(|| format!("the testbed has no {role:?} agent {pair}"))
+    }
+
+    /// The running process of an agent (of pair `pair`).
+    pub fn agent_proc(&self, role: AgentRole, pair: usize) -> Result<&ProcRecord> {
+        Ok(&self.procs[self.agent(role, pair)?.proc])
+    }
+
+    /// Starts an agent again the way it was started first (after it died or was
+    /// killed, as a supervisor would). Its previous log is kept beside the new
+    /// one as `LOG.N`.
+    pub fn restart_agent(&mut self, role: AgentRole, pair: usize) -> Result<()> {
+        let start = self.agent(role, pair)?.clone();
+        self.procs[start.proc].kill()?;
+        self.restarts += 1;
+        let old = start.log.with_extension(format!("log.{}", self.restarts));
+        let _ = std::fs::rename(&start.log, old);
+        self.procs[start.proc] = start.start()?;
+        Ok(())
     }
 
     pub fn link(&self) -> &ControlLink {

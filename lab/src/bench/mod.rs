@@ -14,6 +14,8 @@
 //! * [`migration`], [`reconnect`]: issue 6's measurements with real OVS: the
 //!   control session across a re-addressed switch, and the time to the first
 //!   OpenFlow message after a reconnect.
+//! * [`stall`], [`soak`]: issue 17's bounded memory under a stalled peer, and
+//!   the fault soak with a message audit (real OVS, os-ken, the agents).
 //! * [`storm`]: a controller-agent restart under hundreds of switches
 //!   (reconnect storm, handshake admission control).
 //!
@@ -35,6 +37,7 @@ pub mod proxy;
 pub mod reconnect;
 pub mod relay;
 pub mod report;
+pub mod soak;
 pub mod stall;
 pub mod storm;
 pub mod synth;

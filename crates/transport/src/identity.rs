@@ -13,6 +13,7 @@ use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertSummary {
     pub identity: String,
+    pub not_before: OffsetDateTime,
     pub not_after: OffsetDateTime,
     /// The serial number, in hex as `openssl x509 -serial` prints it.
     pub serial: String,
@@ -44,6 +45,7 @@ pub fn parse(der: &CertificateDer<'_>) -> Result<CertSummary, String> {
         .ok_or_else(|| "certificate has neither a DNS name nor a common name".to_string())?;
     Ok(CertSummary {
         identity,
+        not_before: cert.validity().not_before.to_datetime(),
         not_after: cert.validity().not_after.to_datetime(),
         serial: cert.raw_serial_as_string().replace(':', "").to_uppercase(),
     })

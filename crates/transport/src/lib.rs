@@ -4,7 +4,8 @@
 //!   (`tcp:`, `unix:`, `ptcp:`, `punix:`) and the plain streams to OVS and the
 //!   controller (OVS's `lib/stream`).
 //! * [`tls`], [`identity`], [`pki`] — mutual TLS 1.3: loading PEM credentials,
-//!   naming peers by certificate, issuing certificates.
+//!   naming peers by certificate, issuing certificates; [`rotation`] —
+//!   reading them again on SIGHUP and when they change on disk.
 //! * [`quic`] — quinn endpoints with quicsdn's transport settings;
 //!   [`resumption`] — the server's TLS session store behind 0-RTT.
 //! * [`backoff`] — OVS-like reconnect backoff with jitter (pure);
@@ -16,6 +17,7 @@ pub mod local;
 pub mod pki;
 pub mod quic;
 pub mod resumption;
+pub mod rotation;
 pub mod shutdown;
 pub mod target;
 #[cfg(feature = "testing")]

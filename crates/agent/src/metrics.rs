@@ -17,6 +17,8 @@
 //! * `type`: an OpenFlow message type name (36 names and `UNKNOWN`, see
 //!   [`quicsdn_wire::openflow::Kind`]), only those a switch actually used.
 //! * `reason`, `result`, `origin`, `handshake`, `certificate`: fixed sets, below.
+//! * `serial` (with `identity` or `switch`): the certificate in use, one
+//!   series per agent or switch at a time; a rotation replaces it.
 //!
 //! With S switches, V services and T message types in use, an agent exports
 //! about S × (20 + V × (7 + 2T)) series: for 1,000 switches with OpenFlow
@@ -274,6 +276,12 @@ struct CertInfoLabels {
     serial: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PeerCertLabels {
+    switch: String,
+    serial: String,
+}
+
 /// An agent's metrics. Always kept (the counters cost an atomic add each);
 /// served only with `--metrics`.
 pub struct Metrics {
@@ -291,6 +299,11 @@ pub struct Metrics {
     cert_expiry: Family<CertLabels, Gauge>,
     cert_info: Family<CertInfoLabels, Gauge>,
     cert_reloads: Family<ReloadLabels, Counter>,
+    peer_cert: Family<PeerCertLabels, Gauge>,
+    peer_cert_expiry: Family<SwitchLabels, Gauge>,
+    /// The serial in `peer_cert` per switch, so a new one replaces it (one
+    /// series per switch).
+    peer_serials: Mutex<HashMap<String, String>>,
     links: Arc<Links>,
 }
 
@@ -333,6 +346,9 @@ impl Metrics {
             cert_expiry: Family::default(),
             cert_info: Family::default(),
             cert_reloads: Family::default(),
+            peer_cert: Family::default(),
+            peer_cert_expiry: Family::default(),
+            peer_serials: Mutex::default(),
             links: Arc::default(),
             registry: Registry::default(),
         };
@@ -405,8 +421,19 @@ impl Metrics {
         );
         registry.register(
             "certificate_reloads",
-            "Reloads of the CA, certificate and key files, by result",
+            "Reads of the CA, certificate and key files after SIGHUP or a change on disk, by result (failure: refused, the certificate in use kept)",
             m.cert_reloads.clone(),
+        );
+        registry.register(
+            "peer_certificate",
+            "The certificate the other agent presented on the switch's current connection, by serial (always 1): the switch's on the controller agent, the controller agent's on the switch agent",
+            m.peer_cert.clone(),
+        );
+        registry.register_with_unit(
+            "peer_certificate_expiry_timestamp",
+            "When the certificate the other agent presented on the switch's current connection expires, Unix time",
+            Unit::Seconds,
+            m.peer_cert_expiry.clone(),
         );
         registry.register_collector(Box::new(LinkCollector(m.links.clone())));
         Arc::new(Metrics {
@@ -501,6 +528,31 @@ impl Metrics {
             })
             .inc();
         self.links.up(link);
+        if let Some(cert) = quicsdn_transport::identity::peer_certificate(&link.conn) {
+            self.peer_certificate(&link.switch, &cert);
+        }
+    }
+
+    /// The certificate the other agent presented on the switch's connection.
+    pub fn peer_certificate(&self, switch: &str, cert: &quicsdn_transport::identity::CertSummary) {
+        let mut serials = self.peer_serials.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = serials.insert(switch.to_string(), cert.serial.clone()) {
+            self.peer_cert.remove(&PeerCertLabels {
+                switch: switch.to_string(),
+                serial: old,
+            });
+        }
+        self.peer_cert
+            .get_or_create(&PeerCertLabels {
+                switch: switch.to_string(),
+                serial: cert.serial.clone(),
+            })
+            .set(1);
+        self.peer_cert_expiry
+            .get_or_create(&SwitchLabels {
+                switch: switch.to_string(),
+            })
+            .set(cert.not_after.unix_timestamp());
     }
 
     /// A connection ended; counted only if [`Metrics::link_up`] reported it

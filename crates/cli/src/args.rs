@@ -177,6 +177,12 @@ pub struct QuicArgs {
     /// Congestion controller: bbr, cubic or newreno. [default: bbr]
     #[arg(long, value_name = "NAME")]
     pub congestion: Option<String>,
+    /// How often to check --ca, --cert and --key for a new version (their
+    /// resolved file's inode, size and times, so a symlink swap counts); a
+    /// new version that works is used for new handshakes, established
+    /// connections keep going. `off` (or 0): only on SIGHUP. [default: 5s]
+    #[arg(long, value_name = "DURATION")]
+    pub cert_poll_interval: Option<String>,
 }
 
 /// The [`QuicArgs`] settings as read from a configuration file.
@@ -189,6 +195,7 @@ pub struct QuicFile {
     pub grace: Option<String>,
     pub stream_window: Option<String>,
     pub congestion: Option<String>,
+    pub cert_poll_interval: Option<String>,
 }
 
 impl QuicArgs {
@@ -224,6 +231,19 @@ impl QuicArgs {
                     .parse()
                     .map_err(|e: String| anyhow!("--congestion: {e}"))?,
                 None => defaults.congestion,
+            },
+            cert_poll: match self
+                .cert_poll_interval
+                .take()
+                .or(file.cert_poll_interval.take())
+                .as_deref()
+            {
+                None => defaults.cert_poll,
+                Some("off") => None,
+                Some(s) => {
+                    let d = parse_duration(s).map_err(|e| anyhow!("--cert-poll-interval: {e}"))?;
+                    (!d.is_zero()).then_some(d)
+                }
             },
             ..defaults
         })
@@ -433,6 +453,7 @@ pub struct FileConfig {
     pub control: Option<PathBuf>,
     pub metrics: Option<SocketAddr>,
     pub qlog_dir: Option<PathBuf>,
+    pub cert_poll_interval: Option<String>,
     pub zero_rtt: Option<bool>,
     pub coalesce: Option<String>,
     pub ack_threshold: Option<u32>,
@@ -509,6 +530,7 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
         grace: file.grace.take().or(file.idle_timeout.take()),
         stream_window: file.stream_window.take(),
         congestion: file.congestion.take(),
+        cert_poll_interval: file.cert_poll_interval.take(),
     };
     let mut quic_args = args.quic;
     let defaults = quic_args.quic_options(&mut quic_file, QuicOptions::default())?;

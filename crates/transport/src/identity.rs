@@ -54,7 +54,13 @@ pub fn parse(der: &CertificateDer<'_>) -> Result<CertSummary, String> {
 /// The verified identity of a QUIC connection's peer, if it presented a
 /// certificate (on the controller agent it always has, or the handshake failed).
 pub fn of_connection(conn: &quinn::Connection) -> Option<String> {
+    peer_certificate(conn).map(|s| s.identity)
+}
+
+/// The certificate a QUIC connection's peer presented (for a resumed
+/// session: the one it presented at the full handshake the ticket came from).
+pub fn peer_certificate(conn: &quinn::Connection) -> Option<CertSummary> {
     let any = conn.peer_identity()?;
     let certs = any.downcast::<Vec<CertificateDer<'static>>>().ok()?;
-    parse(certs.first()?).ok().map(|s| s.identity)
+    parse(certs.first()?).ok()
 }

@@ -144,10 +144,26 @@ pub fn issue(
     ips: &[IpAddr],
     validity: Validity,
 ) -> Result<(PathBuf, PathBuf), PkiError> {
+    let (crt, key) = cert_paths(dir, name);
+    check_name(name)?;
+    refuse_existing(&[&crt, &key])?;
+    let (cert_pem, key_pem) = issue_pem(dir, name, ips, validity)?;
+    write_new(&key, key_pem.as_bytes(), 0o600)?;
+    write_new(&crt, cert_pem.as_bytes(), 0o644)?;
+    Ok((crt, key))
+}
+
+/// A new certificate for `name` signed by the CA in `dir`: its certificate
+/// and key, PEM, not written anywhere (a rotation writes them where the
+/// agent reads them).
+pub fn issue_pem(
+    dir: &Path,
+    name: &str,
+    ips: &[IpAddr],
+    validity: Validity,
+) -> Result<(String, String), PkiError> {
     check_name(name)?;
     let (ca_crt, ca_key) = ca_paths(dir);
-    let (crt, key) = cert_paths(dir, name);
-    refuse_existing(&[&crt, &key])?;
     let ca_key_pem = read(&ca_key)?;
     let ca_key_pair = KeyPair::from_pem(&ca_key_pem).map_err(|e| PkiError::File {
         path: ca_key.clone(),
@@ -158,10 +174,7 @@ pub fn issue(
         path: ca_crt.clone(),
         reason: format!("not a usable CA certificate: {e}"),
     })?;
-    let (cert_pem, key_pem) = generate_cert(&ca_pem, &ca_key_pair, name, ips, validity)?;
-    write_new(&key, key_pem.as_bytes(), 0o600)?;
-    write_new(&crt, cert_pem.as_bytes(), 0o644)?;
-    Ok((crt, key))
+    generate_cert(&ca_pem, &ca_key_pair, name, ips, validity)
 }
 
 fn refuse_existing(paths: &[&Path]) -> Result<(), PkiError> {

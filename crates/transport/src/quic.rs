@@ -62,6 +62,10 @@ pub struct QuicOptions {
     pub zero_length_cid: bool,
     /// What the connection carries (its ALPN name, and what logs call each end).
     pub application: Application,
+    /// How often the CA, certificate and key files are checked for a new
+    /// version ([`crate::rotation`]); `None`: only on SIGHUP. Not a QUIC
+    /// setting, but every end that makes QUIC connections takes it.
+    pub cert_poll: Option<Duration>,
 }
 
 /// Streams the peer may have open at once (RFC 9000 §4.6).
@@ -158,6 +162,7 @@ impl Default for QuicOptions {
             // Off: see the field's documentation.
             zero_length_cid: false,
             application: crate::tls::AGENTS,
+            cert_poll: Some(crate::rotation::DEFAULT_POLL),
         }
     }
 }
@@ -324,7 +329,7 @@ pub fn server_config(
     creds: &Credentials,
     opts: &QuicOptions,
     sessions: Arc<SessionStore>,
-) -> Result<quinn::ServerConfig, EndpointError> {
+) -> Result<quinn::ServerConfig, TlsError> {
     let mut tls = creds.server_config_for(opts.application)?;
     tls.session_storage = sessions;
     tls.send_tls13_tickets = TICKETS_PER_CONNECTION;

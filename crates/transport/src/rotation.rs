@@ -22,7 +22,7 @@
 //!
 //! Layers: [`ChangeDetector`] decides when to read (pure: it sees stamps, not
 //! files); [`check_replacement`] decides whether what was read may replace
-//! what serves (pure); [`spawn`] is the thin async glue (the poll timer,
+//! what serves (pure); [`task`] is the thin async glue (the poll timer,
 //! SIGHUP requests, log lines) around an agent's [`Install`].
 
 use crate::shutdown::Shutdown;
@@ -284,18 +284,24 @@ pub struct Rotation {
     pub who: String,
 }
 
-/// Starts the rotation task: it checks the files every `rotation.poll`,
-/// reads them on each [`RotationHandle::reload`], and repeats the expiry
-/// warning twice a day. Stops with `shutdown`.
-pub fn spawn(
+/// The rotation task, for the agent to spawn, and the handle that asks it
+/// for a read: it checks the files every `rotation.poll`, reads them on each
+/// [`RotationHandle::reload`], and repeats the expiry warning twice a day.
+/// It ends with `shutdown`.
+pub fn task(
     loaded: Loaded,
     rotation: Rotation,
     install: Arc<dyn Install>,
     shutdown: Shutdown,
-) -> (RotationHandle, tokio::task::JoinHandle<()>) {
+) -> (
+    RotationHandle,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
     let (tx, rx) = mpsc::channel(4);
-    let task = tokio::spawn(run(loaded, rotation, install, rx, shutdown));
-    (RotationHandle(tx), task)
+    (
+        RotationHandle(tx),
+        run(loaded, rotation, install, rx, shutdown),
+    )
 }
 
 struct State {
@@ -325,7 +331,10 @@ async fn run(
     };
     // Without polling the timer is never awaited (a day, not `MAX`, which
     // would overflow the deadline).
-    let period = st.rotation.poll.unwrap_or(Duration::from_secs(24 * 60 * 60));
+    let period = st
+        .rotation
+        .poll
+        .unwrap_or(Duration::from_secs(24 * 60 * 60));
     let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut expiry = tokio::time::interval_at(
@@ -576,8 +585,8 @@ mod tests {
         // Signed by another CA, with our CA file: peers would refuse it.
         let stranger = Ca::new();
         let (cert, key) = stranger.issue("sw1", Validity::days(1));
-        let e = check_replacement(&current, &creds(&ca.cert, &cert, &key), SWITCH, now())
-            .unwrap_err();
+        let e =
+            check_replacement(&current, &creds(&ca.cert, &cert, &key), SWITCH, now()).unwrap_err();
         assert!(matches!(e, Refusal::NotFromCa { .. }), "{e}");
         assert!(e.to_string().contains("/etc/q/cert.pem"), "{e}");
         // The same, by a new CA file that lacks our issuer.
@@ -626,8 +635,13 @@ mod tests {
         let current = creds(&controller_ca.cert, &cert, &key);
         assert!(current.verify_own(Role::Client, unix_time(now())).is_err());
         let (cert, key) = switch_ca.issue("sw1", Validity::days(1));
-        check_replacement(&current, &creds(&controller_ca.cert, &cert, &key), SWITCH, now())
-            .unwrap();
+        check_replacement(
+            &current,
+            &creds(&controller_ca.cert, &cert, &key),
+            SWITCH,
+            now(),
+        )
+        .unwrap();
     }
 
     /// Counts installs, as an agent would rebuild its TLS configurations.
@@ -681,7 +695,7 @@ mod tests {
         let first = loaded.creds.serial.clone();
         let recorder = Arc::new(Recorder::default());
         let shutdown = Shutdown::new();
-        let (handle, task) = spawn(
+        let (handle, task) = task(
             loaded,
             Rotation {
                 policy: SWITCH,
@@ -691,6 +705,7 @@ mod tests {
             recorder.clone(),
             shutdown.clone(),
         );
+        let task = tokio::spawn(task);
         let swap = |to: &str| {
             symlink(to, d.join("..data.tmp")).unwrap();
             std::fs::rename(d.join("..data.tmp"), d.join("..data")).unwrap();
@@ -717,7 +732,11 @@ mod tests {
         // A corrupt version: refused, nothing installed; SIGHUP says why.
         std::fs::create_dir_all(d.join("..v3")).unwrap();
         std::fs::write(d.join("..v3/ca.pem"), &ca.cert).unwrap();
-        std::fs::write(d.join("..v3/cert.pem"), "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n").unwrap();
+        std::fs::write(
+            d.join("..v3/cert.pem"),
+            "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
         std::fs::copy(d.join("..v2/key.pem"), d.join("..v3/key.pem")).unwrap();
         swap("..v3");
         let e = handle.reload().await.unwrap().unwrap_err();

@@ -139,6 +139,35 @@ pub enum PkiCommand {
         #[arg(long, default_value_t = 825)]
         days: u32,
     },
+    /// Import a certificate made by Open vSwitch's `ovs-pki req+sign NAME
+    /// switch|controller`: checks it (key matches, signed by the CA of its
+    /// role, not expired) and writes OUT/ca.crt (the other end's CA, which
+    /// this agent trusts), OUT/NAME.crt and OUT/NAME.key (never overwrites).
+    Import {
+        /// The ovs-pki directory (with controllerca/ and switchca/).
+        #[arg(long, value_name = "DIR", default_value = "/var/lib/openvswitch/pki")]
+        ovs_pki: PathBuf,
+        /// Where NAME-cert.pem and NAME-privkey.pem are (where `ovs-pki
+        /// req+sign` ran).
+        #[arg(long, value_name = "DIR", default_value = ".")]
+        from: PathBuf,
+        /// The NAME given to `ovs-pki req+sign`.
+        #[arg(long)]
+        name: String,
+        /// The agent that will use it: `switch` or `controller`.
+        #[arg(long, value_name = "ROLE")]
+        role: ImportRole,
+        /// Where to write the three files.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+}
+
+/// `quicsdn pki import --role`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum ImportRole {
+    Switch,
+    Controller,
 }
 
 /// Settings of the QUIC connection, taken by every command that makes one

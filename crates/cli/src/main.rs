@@ -236,6 +236,33 @@ fn pki_command(cmd: PkiCommand) -> Result<()> {
             let (crt, key) = pki::issue(&dir, &name, &ips, pki::Validity::days(days))?;
             println!("wrote {} and {}", crt.display(), key.display());
         }
+        PkiCommand::Import {
+            ovs_pki,
+            from,
+            name,
+            role,
+            out,
+        } => {
+            use quicsdn_transport::ovs_pki::{AgentRole, import};
+            let role = match role {
+                args::ImportRole::Switch => AgentRole::Switch,
+                args::ImportRole::Controller => AgentRole::Controller,
+            };
+            let done = import(&ovs_pki, &from, &name, role, &out)?;
+            for w in &done.warnings {
+                eprintln!("warning: {w}");
+            }
+            println!(
+                "imported {:?} (serial {}); in the agent's configuration:",
+                done.identity, done.serial
+            );
+            println!("ca = {:?}", done.files.ca.display().to_string());
+            println!("cert = {:?}", done.files.cert.display().to_string());
+            println!("key = {:?}", done.files.key.display().to_string());
+            if role == AgentRole::Controller {
+                println!("# the switch agents: server-name = {:?}", done.identity);
+            }
+        }
     }
     Ok(())
 }

@@ -198,7 +198,7 @@ fn read(path: &Path) -> Result<String, PkiError> {
     })
 }
 
-fn write_new(path: &Path, data: &[u8], mode: u32) -> Result<(), PkiError> {
+pub(crate) fn write_new(path: &Path, data: &[u8], mode: u32) -> Result<(), PkiError> {
     let err = |e: std::io::Error| PkiError::File {
         path: path.to_path_buf(),
         reason: e.to_string(),

@@ -77,6 +77,12 @@ impl ProcRecord {
         }
     }
 
+    /// Sends SIGHUP (the agents read their certificate files again). Does
+    /// nothing if the process is gone.
+    pub fn hangup(&self) {
+        self.signal(libc::SIGHUP);
+    }
+
     /// Stops the process: SIGTERM, then SIGKILL if it has not exited within
     /// `grace`. Ok when it is gone (or was already gone).
     pub fn terminate(&self, grace: Duration) -> Result<()> {

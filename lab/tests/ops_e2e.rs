@@ -4,7 +4,10 @@
 //! `prometheus_client` parsers (OpenMetrics and the classic text format,
 //! Debian's python3-prometheus-client); the counters move as predicted by
 //! what the test does: pings (packet-ins, flow-mods), a controller-agent
-//! restart (one reconnect), a rebind (one migration). Needs root.
+//! restart (one reconnect), a rebind (one migration). Then the switch's
+//! certificate is rotated with SIGHUP: OVS's session stays, the next
+//! connection presents the new certificate, a corrupt file changes nothing.
+//! Needs root.
 
 mod common;
 
@@ -288,6 +291,139 @@ fn metrics_of_real_ovs_and_os_ken_parse_and_move_as_predicted() {
         "no reconnect"
     );
     assert_eq!(ctl.sum("quicsdn_handshake_refusals_total", &[]), 0.0);
+
+    rotate_the_switch_certificate(&mut bed);
+}
+
+/// Certificate rotation with real OVS: the switch agent's certificate and
+/// key are replaced (a new serial) and SIGHUP sent. OVS's OpenFlow session
+/// stays up (its log shows no new connection), and so does the QUIC
+/// connection; the next connection (the controller agent restarts)
+/// presents the new certificate, as its log and metrics show. A corrupt
+/// certificate file is refused and changes nothing.
+fn rotate_the_switch_certificate(bed: &mut Bed) {
+    let pki = bed.dir.join("pki");
+    let (cert_file, key_file) = quicsdn_transport::pki::cert_paths(&pki, "sw1");
+    let old = serial_of(&std::fs::read(&cert_file).unwrap());
+    let switch_agent = bed
+        .procs
+        .iter()
+        .find(|p| p.name.contains("switch agent"))
+        .unwrap()
+        .clone();
+    let ovs_sessions = bed.ovs_connections();
+    let sw0 = scrape(&sw_ns());
+    let get_own = |s: &Scrape, serial: &str| {
+        s.get(
+            "quicsdn_certificate",
+            &[("identity", "sw1"), ("serial", serial)],
+        )
+    };
+    assert_eq!(get_own(&sw0, &old), 1.0);
+
+    // Replace both files, each atomically, as `install` or certbot do.
+    let (cert, key) = quicsdn_transport::pki::issue_pem(
+        &pki,
+        "sw1",
+        &[],
+        quicsdn_transport::pki::Validity::days(1),
+    )
+    .unwrap();
+    let new = serial_of(cert.as_bytes());
+    assert_ne!(new, old);
+    replace(&key_file, key.as_bytes());
+    replace(&cert_file, cert.as_bytes());
+    switch_agent.hangup();
+    let sw = until(&sw_ns(), "the new certificate in use", |s| {
+        get_own(s, &new) == 1.0
+    });
+    assert_eq!(get_own(&sw, &old), 0.0);
+    assert_eq!(
+        sw.get(
+            "quicsdn_certificate_reloads_total",
+            &[("result", "success")]
+        ),
+        1.0
+    );
+    let log = std::fs::read_to_string(bed.dir.join("switch-agent.log")).unwrap();
+    assert!(
+        log.contains(&format!(
+            "on request (SIGHUP); new handshakes present certificate serial {new}"
+        )),
+        "{log}"
+    );
+    // Nothing reconnected: not OVS, not the QUIC connection; OpenFlow works.
+    bed.forget_learned_flows();
+    bed.ping_through_fresh_flows();
+    assert_eq!(bed.ovs_connections(), ovs_sessions, "OVS reconnected");
+    let sw = scrape(&sw_ns());
+    assert_eq!(
+        sw.sum("quicsdn_connects_total", &[SW]),
+        sw0.sum("quicsdn_connects_total", &[SW])
+    );
+    assert_eq!(sw.get("quicsdn_connected", &[SW]), 1.0);
+
+    // A corrupt certificate file: refused, nothing changes.
+    replace(
+        &cert_file,
+        b"-----BEGIN CERTIFICATE-----\nMIIB this is not a certificate\n-----END CERTIFICATE-----\n",
+    );
+    switch_agent.hangup();
+    let sw = until(&sw_ns(), "the corrupt file refused", |s| {
+        s.get(
+            "quicsdn_certificate_reloads_total",
+            &[("result", "failure")],
+        ) == 1.0
+    });
+    assert_eq!(get_own(&sw, &new), 1.0, "the certificate in use stays");
+    assert_eq!(sw.get("quicsdn_connected", &[SW]), 1.0);
+    let log = std::fs::read_to_string(bed.dir.join("switch-agent.log")).unwrap();
+    assert!(
+        log.contains("refused the new certificate files read on request (SIGHUP)")
+            && log.contains(&cert_file.display().to_string()),
+        "{log}"
+    );
+    bed.ping_ok();
+    assert_eq!(bed.ovs_connections(), ovs_sessions, "OVS reconnected");
+
+    // The next connection presents the new certificate (a full handshake:
+    // the rotation dropped the tickets, which carry the old one).
+    bed.controller_agent
+        .take()
+        .unwrap()
+        .terminate(PATIENCE)
+        .unwrap();
+    bed.start_controller_agent(3);
+    let peer = [SW, ("serial", new.as_str())];
+    let ctl = until(
+        &ctl_ns(),
+        "the new certificate at the controller agent",
+        |s| s.healthz == 200 && s.get("quicsdn_peer_certificate", &peer) == 1.0,
+    );
+    assert_eq!(
+        ctl.get("quicsdn_peer_certificate", &[SW, ("serial", old.as_str())]),
+        0.0
+    );
+    let log = std::fs::read_to_string(bed.controller_log(3)).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("switch agent connected") && l.contains(&format!("serial={new}"))),
+        "{log}"
+    );
+    bed.ping_ok();
+}
+
+/// The serial of the first certificate in PEM `pem`.
+fn serial_of(pem: &[u8]) -> String {
+    let der = rustls_pki_types::pem::PemObject::from_pem_slice(pem).unwrap();
+    quicsdn_transport::identity::parse(&der).unwrap().serial
+}
+
+/// Replaces `path` at once (a new file renamed over it).
+fn replace(path: &std::path::Path, data: &[u8]) {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, data).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
 }
 
 /// `quicsdn snoop` run as the real CLI against the switch agent's control

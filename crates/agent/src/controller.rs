@@ -21,7 +21,8 @@ use crate::{AgentError, Shutdown, control};
 use bytes::Bytes;
 use quicsdn_transport::local::LocalListener;
 use quicsdn_transport::resumption::{self, SessionStore};
-use quicsdn_transport::tls::Credentials;
+use quicsdn_transport::rotation::{self, Loaded, Policy, Refusal, Reloaded, RotationHandle};
+use quicsdn_transport::tls::{Credentials, Role, TlsError};
 use quicsdn_transport::{identity, quic};
 use quicsdn_wire::preamble::{Opener, code};
 use quinn::{Endpoint, VarInt};
@@ -52,8 +53,11 @@ struct Inner {
     /// `quicsdn snoop` clients.
     taps: Arc<crate::tap::Taps>,
     metrics: Arc<Metrics>,
-    /// The server configuration, for connections accepted with a qlog.
-    server_config: quinn::ServerConfig,
+    /// The server configuration, for connections accepted with a qlog;
+    /// replaced, with the endpoint's, when the certificate files are rotated.
+    server_config: std::sync::Mutex<quinn::ServerConfig>,
+    /// The TLS sessions 0-RTT resumes, kept across rotations.
+    sessions: Arc<SessionStore>,
 }
 
 /// A running controller agent.
@@ -65,15 +69,17 @@ pub struct ControllerAgent {
     /// The metrics endpoint and the migration watcher.
     metrics_tasks: Vec<JoinHandle<()>>,
     metrics_addr: Option<SocketAddr>,
+    rotation: RotationHandle,
 }
 
 impl ControllerAgent {
     pub async fn start(config: ControllerConfig) -> Result<ControllerAgent, AgentError> {
         config.validate()?;
         let metrics = Metrics::new("controller");
-        let mut creds = Credentials::load(&config.common.tls)?;
-        creds.on_reject = Some(metrics.rejection_hook());
-        metrics.set_credentials(&creds);
+        let mut loaded = Loaded::load(&config.common.tls)?;
+        loaded.creds.on_reject = Some(metrics.rejection_hook());
+        let creds = &loaded.creds;
+        metrics.set_credentials(creds);
         creds.warn_if_expiring();
         let services = Arc::new(ServiceTable::new(&config.common, Opener::Controller));
         let sessions = Arc::new(match &config.session_store {
@@ -84,7 +90,7 @@ impl ControllerAgent {
         });
         let quic = services.quic_options(&config.common);
         let (endpoint, server_config) =
-            quic::server_endpoint(config.listen, &creds, &quic, sessions)?;
+            quic::server_endpoint(config.listen, creds, &quic, sessions.clone())?;
         info!(
             listen = %endpoint.local_addr()?, identity = %creds.identity, services = %services.names(),
             max_handshakes = config.max_handshakes,
@@ -99,9 +105,23 @@ impl ControllerAgent {
             admission,
             taps: crate::tap::Taps::new(),
             metrics,
-            server_config,
+            server_config: std::sync::Mutex::new(server_config),
+            sessions,
         });
         let shutdown = Shutdown::new();
+        let (rotation, rotating) = rotation::task(
+            loaded,
+            rotation::Rotation {
+                policy: Policy {
+                    role: Role::Server,
+                    same_identity: false,
+                },
+                poll: quic.cert_poll,
+                who: "controller agent".into(),
+            },
+            Arc::new(Rotate(inner.clone())),
+            shutdown.clone(),
+        );
         let mut control_task = None;
         if let Some(path) = inner.config.common.control.clone() {
             let listener = control::bind(&path).await.map_err(|e| AgentError::Listen {
@@ -117,12 +137,15 @@ impl ControllerAgent {
                 shutdown.clone(),
             )));
         }
-        let mut metrics_tasks = vec![tokio::spawn(
-            inner
-                .metrics
-                .clone()
-                .watch_migrations(Duration::from_secs(1), shutdown.clone()),
-        )];
+        let mut metrics_tasks = vec![
+            tokio::spawn(
+                inner
+                    .metrics
+                    .clone()
+                    .watch_migrations(Duration::from_secs(1), shutdown.clone()),
+            ),
+            tokio::spawn(rotating),
+        ];
         let mut metrics_addr = None;
         if let Some(addr) = inner.config.common.metrics {
             let health: crate::http::Health = {
@@ -143,7 +166,15 @@ impl ControllerAgent {
             control_task,
             metrics_tasks,
             metrics_addr,
+            rotation,
         })
+    }
+
+    /// Reads the CA, certificate and key files again (SIGHUP) and, if they
+    /// pass the checks of [`rotation::check_replacement`], uses them for new
+    /// handshakes; established connections stay up. `None` once shutting down.
+    pub async fn reload_credentials(&self) -> Option<Result<Reloaded, Refusal>> {
+        self.rotation.reload().await
     }
 
     /// The agent's metrics (served on `--metrics` if given).
@@ -210,6 +241,32 @@ impl ControllerAgent {
         // (docs/benchmarks.md, "bench storm"). A switch agent whose close was
         // lost notices at its grace period.
         let _ = tokio::time::timeout(CLOSING_WAIT, self.inner.endpoint.wait_idle()).await;
+    }
+}
+
+/// Puts rotated credentials in use: the endpoint's server configuration
+/// (quinn uses it for connections accepted from now on) with the same
+/// session store, so switch agents' tickets stay valid.
+struct Rotate(Arc<Inner>);
+
+impl rotation::Install for Rotate {
+    fn install(&self, creds: &Credentials) -> Result<(), TlsError> {
+        let inner = &self.0;
+        let quic = inner.services.quic_options(&inner.config.common);
+        let server = quic::server_config(creds, &quic, inner.sessions.clone())?;
+        inner.endpoint.set_server_config(Some(server.clone()));
+        *inner
+            .server_config
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = server;
+        Ok(())
+    }
+
+    fn outcome(&self, result: &Result<Reloaded, Refusal>, current: &Credentials) {
+        self.0.metrics.reloaded(result.is_ok());
+        if let Ok(Reloaded::Replaced { .. }) = result {
+            self.0.metrics.set_credentials(current);
+        }
     }
 }
 
@@ -340,7 +397,11 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
             ) {
                 Ok((transport, path)) => {
                     qlog_file = Some(path);
-                    let mut cfg = inner.server_config.clone();
+                    let mut cfg = inner
+                        .server_config
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone();
                     cfg.transport_config(transport);
                     incoming.accept_with(Arc::new(cfg))
                 }
@@ -444,7 +505,11 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
     }
     register(&inner, &switch, &link).await;
     inner.metrics.link_up(&link);
-    info!(switch = %switch, %remote, zero_rtt = link.early_start, "switch agent connected");
+    let serial = identity::peer_certificate(&conn).map(|c| c.serial);
+    info!(
+        switch = %switch, %remote, zero_rtt = link.early_start, serial = %serial.as_deref().unwrap_or(""),
+        "switch agent connected"
+    );
     let reason = serving.await;
     inner.metrics.link_down(&link, &reason);
     info!(switch = %switch, %remote, "switch agent disconnected: {reason}");

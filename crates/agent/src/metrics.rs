@@ -17,6 +17,10 @@
 //! * `type`: an OpenFlow message type name (36 names and `UNKNOWN`, see
 //!   [`quicsdn_wire::openflow::Kind`]), only those a switch actually used.
 //! * `reason`, `result`, `origin`, `handshake`, `certificate`: fixed sets, below.
+//! * The coalescing histograms carry no `switch`: `service`, `direction` and
+//!   `reason` only, so their series do not grow with the switches.
+//! * `serial` (with `identity` or `switch`): the certificate in use, one
+//!   series per agent or switch at a time; a rotation replaces it.
 //!
 //! With S switches, V services and T message types in use, an agent exports
 //! about S × (20 + V × (7 + 2T)) series: for 1,000 switches with OpenFlow
@@ -34,10 +38,12 @@ use prometheus_client::encoding::{
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 use quicsdn_lanes::marker;
 use quicsdn_lanes::rules::Direction;
+use quicsdn_lanes::{Flush, FlushReason};
 use quicsdn_transport::tls::{CertRejection, Credentials, RejectionHook};
 use quicsdn_wire::openflow::{HEADER_LEN, Header};
 use quicsdn_wire::{Framer, Framing};
@@ -274,6 +280,51 @@ struct CertInfoLabels {
     serial: String,
 }
 
+/// Why held messages left (`reason` of the coalescing histograms).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+enum FlushLabel {
+    urgent,
+    bytes,
+    tick,
+}
+
+impl From<FlushReason> for FlushLabel {
+    fn from(r: FlushReason) -> FlushLabel {
+        match r {
+            FlushReason::Urgent => FlushLabel::urgent,
+            FlushReason::Bytes => FlushLabel::bytes,
+            FlushReason::Tick => FlushLabel::tick,
+        }
+    }
+}
+
+/// Agent-wide, not per switch: a histogram per switch would multiply its
+/// buckets by the switches.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CoalesceLabels {
+    service: String,
+    direction: Way,
+    reason: FlushLabel,
+}
+
+type Histograms = Family<CoalesceLabels, Histogram, fn() -> Histogram>;
+
+fn hold_histogram() -> Histogram {
+    // Around the default 10 ms window: a message waits at most one window.
+    Histogram::new([0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1])
+}
+
+fn flush_size_histogram() -> Histogram {
+    Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0])
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PeerCertLabels {
+    switch: String,
+    serial: String,
+}
+
 /// An agent's metrics. Always kept (the counters cost an atomic add each);
 /// served only with `--metrics`.
 pub struct Metrics {
@@ -291,6 +342,13 @@ pub struct Metrics {
     cert_expiry: Family<CertLabels, Gauge>,
     cert_info: Family<CertInfoLabels, Gauge>,
     cert_reloads: Family<ReloadLabels, Counter>,
+    peer_cert: Family<PeerCertLabels, Gauge>,
+    peer_cert_expiry: Family<SwitchLabels, Gauge>,
+    coalesce_hold: Histograms,
+    coalesce_messages: Histograms,
+    /// The serial in `peer_cert` per switch, so a new one replaces it (one
+    /// series per switch).
+    peer_serials: Mutex<HashMap<String, String>>,
     links: Arc<Links>,
 }
 
@@ -333,6 +391,11 @@ impl Metrics {
             cert_expiry: Family::default(),
             cert_info: Family::default(),
             cert_reloads: Family::default(),
+            peer_cert: Family::default(),
+            peer_cert_expiry: Family::default(),
+            peer_serials: Mutex::default(),
+            coalesce_hold: Family::new_with_constructor(hold_histogram),
+            coalesce_messages: Family::new_with_constructor(flush_size_histogram),
             links: Arc::default(),
             registry: Registry::default(),
         };
@@ -405,8 +468,30 @@ impl Metrics {
         );
         registry.register(
             "certificate_reloads",
-            "Reloads of the CA, certificate and key files, by result",
+            "Reads of the CA, certificate and key files after SIGHUP or a change on disk, by result (failure: refused, the certificate in use kept)",
             m.cert_reloads.clone(),
+        );
+        registry.register(
+            "peer_certificate",
+            "The certificate the other agent presented on the switch's current connection, by serial (always 1): the switch's on the controller agent, the controller agent's on the switch agent",
+            m.peer_cert.clone(),
+        );
+        registry.register_with_unit(
+            "peer_certificate_expiry_timestamp",
+            "When the certificate the other agent presented on the switch's current connection expires, Unix time",
+            Unit::Seconds,
+            m.peer_cert_expiry.clone(),
+        );
+        registry.register_with_unit(
+            "coalesce_hold",
+            "How long held messages waited (the oldest of each release) before leaving, by why they left: an urgent message took them along, the byte limit, or the tick (--coalesce)",
+            Unit::Seconds,
+            m.coalesce_hold.clone(),
+        );
+        registry.register(
+            "coalesce_flush_messages",
+            "Messages per release of held messages, by why they left",
+            m.coalesce_messages.clone(),
         );
         registry.register_collector(Box::new(LinkCollector(m.links.clone())));
         Arc::new(Metrics {
@@ -501,6 +586,31 @@ impl Metrics {
             })
             .inc();
         self.links.up(link);
+        if let Some(cert) = quicsdn_transport::identity::peer_certificate(&link.conn) {
+            self.peer_certificate(&link.switch, &cert);
+        }
+    }
+
+    /// The certificate the other agent presented on the switch's connection.
+    pub fn peer_certificate(&self, switch: &str, cert: &quicsdn_transport::identity::CertSummary) {
+        let mut serials = self.peer_serials.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = serials.insert(switch.to_string(), cert.serial.clone()) {
+            self.peer_cert.remove(&PeerCertLabels {
+                switch: switch.to_string(),
+                serial: old,
+            });
+        }
+        self.peer_cert
+            .get_or_create(&PeerCertLabels {
+                switch: switch.to_string(),
+                serial: cert.serial.clone(),
+            })
+            .set(1);
+        self.peer_cert_expiry
+            .get_or_create(&SwitchLabels {
+                switch: switch.to_string(),
+            })
+            .set(cert.not_after.unix_timestamp());
     }
 
     /// A connection ended; counted only if [`Metrics::link_up`] reported it
@@ -591,6 +701,8 @@ impl Metrics {
                 labels,
                 types: Vec::new(),
                 openflow: self.openflow.clone(),
+                coalesce_hold: self.coalesce_hold.clone(),
+                coalesce_messages: self.coalesce_messages.clone(),
             }
         };
         let session = SessionMeter {
@@ -620,9 +732,26 @@ pub struct Meter {
     /// Counters per OpenFlow message type, found once per session.
     types: Vec<(&'static str, Counter)>,
     openflow: Family<TypeLabels, Counter>,
+    coalesce_hold: Histograms,
+    coalesce_messages: Histograms,
 }
 
 impl Meter {
+    /// Held messages left (what this direction's coalescer reported).
+    pub fn flushed(&self, f: &Flush) {
+        let labels = CoalesceLabels {
+            service: self.labels.service.clone(),
+            direction: self.labels.direction,
+            reason: f.reason.into(),
+        };
+        self.coalesce_hold
+            .get_or_create(&labels)
+            .observe(f.held_for.as_secs_f64());
+        self.coalesce_messages
+            .get_or_create(&labels)
+            .observe(f64::from(f.messages));
+    }
+
     fn of_type(&mut self, name: &'static str) -> &Counter {
         let i = match self.types.iter().position(|(n, _)| *n == name) {
             Some(i) => i,

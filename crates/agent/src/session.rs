@@ -686,6 +686,9 @@ impl OutPump {
             c.arrived(now);
         }
         let ready = if at_end { c.flush() } else { c.take(now) };
+        for f in c.take_flushes() {
+            self.meter.flushed(&f);
+        }
         if !ready.is_empty() {
             self.outbound.read_buf().extend_from_slice(&ready);
         }

@@ -20,8 +20,9 @@ use crate::session::{Handshake, Outcome};
 use crate::{AgentError, Shutdown, control};
 use bytes::Bytes;
 use quicsdn_transport::local::{LocalListener, LocalStream};
+use quicsdn_transport::rotation::{self, Loaded, Policy, Refusal, Reloaded, RotationHandle};
 use quicsdn_transport::target::Target;
-use quicsdn_transport::tls::Credentials;
+use quicsdn_transport::tls::{Credentials, Role, TlsError};
 use quicsdn_transport::{identity, quic};
 use quicsdn_wire::preamble::{Hello, Opener, code};
 use quinn::{Endpoint, VarInt};
@@ -49,7 +50,17 @@ enum LinkState {
 struct Controller {
     addr: String,
     server_name: String,
-    client: quinn::ClientConfig,
+    /// Replaced when the certificate files are rotated; each attempt clones it.
+    client: std::sync::Mutex<quinn::ClientConfig>,
+}
+
+impl Controller {
+    fn client(&self) -> quinn::ClientConfig {
+        self.client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 struct Inner {
@@ -82,6 +93,7 @@ pub struct SwitchAgent {
     tasks: JoinSet<()>,
     listeners: Vec<(String, Target)>,
     metrics_addr: Option<SocketAddr>,
+    rotation: RotationHandle,
 }
 
 impl SwitchAgent {
@@ -90,9 +102,10 @@ impl SwitchAgent {
     pub async fn start(config: SwitchConfig) -> Result<SwitchAgent, AgentError> {
         config.validate()?;
         let metrics = Metrics::new("switch");
-        let mut creds = Credentials::load(&config.common.tls)?;
-        creds.on_reject = Some(metrics.rejection_hook());
-        metrics.set_credentials(&creds);
+        let mut loaded = Loaded::load(&config.common.tls)?;
+        loaded.creds.on_reject = Some(metrics.rejection_hook());
+        let creds = &loaded.creds;
+        metrics.set_credentials(creds);
         creds.warn_if_expiring();
         let identity: Arc<str> = creds.identity.clone().into();
         let services = Arc::new(ServiceTable::new(&config.common, Opener::Switch));
@@ -118,7 +131,7 @@ impl SwitchAgent {
             None => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
         };
         let quic = services.quic_options(&config.common);
-        let endpoint = quic::client_endpoint(bind, &creds, &quic)?;
+        let endpoint = quic::client_endpoint(bind, creds, &quic)?;
         let controllers = config
             .controllers
             .iter()
@@ -126,7 +139,7 @@ impl SwitchAgent {
                 Ok(Controller {
                     addr: c.addr.clone(),
                     server_name: c.server_name.clone(),
-                    client: quic::client_config(&creds, &quic)?,
+                    client: std::sync::Mutex::new(quic::client_config(creds, &quic)?),
                 })
             })
             .collect::<Result<Vec<_>, quicsdn_transport::tls::TlsError>>()?;
@@ -151,6 +164,21 @@ impl SwitchAgent {
         });
         let shutdown = Shutdown::new();
         let mut tasks = JoinSet::new();
+        let (rotation, rotating) = rotation::task(
+            loaded,
+            rotation::Rotation {
+                // The identity names OVS's sockets and the metrics: a rotation keeps it.
+                policy: Policy {
+                    role: Role::Client,
+                    same_identity: true,
+                },
+                poll: quic.cert_poll,
+                who: format!("switch agent {}", inner.identity),
+            },
+            Arc::new(Rotate(inner.clone())),
+            shutdown.clone(),
+        );
+        tasks.spawn(rotating);
         let mut listeners = Vec::new();
         for (service, listener) in bound {
             let actual = listener.local_target();
@@ -191,7 +219,15 @@ impl SwitchAgent {
             tasks,
             listeners,
             metrics_addr,
+            rotation,
         })
+    }
+
+    /// Reads the CA, certificate and key files again (SIGHUP) and, if they
+    /// pass the checks of [`rotation::check_replacement`], uses them for the
+    /// next connection; the current one stays up. `None` once shutting down.
+    pub async fn reload_credentials(&self) -> Option<Result<Reloaded, Refusal>> {
+        self.rotation.reload().await
     }
 
     /// This agent's identity, from its certificate.
@@ -270,6 +306,35 @@ impl Inner {
         info!(switch = %self.identity, local = %now, "moved to a new local address; the connection migrates");
         self.metrics.rebound(&self.identity);
         Ok(now)
+    }
+}
+
+/// Puts rotated credentials in use: a new client configuration per
+/// controller agent, for the next connection attempt. It starts with an
+/// empty ticket cache, so the next connection is a full handshake that
+/// presents the new certificate (a resumed session would carry the old one).
+struct Rotate(Arc<Inner>);
+
+impl rotation::Install for Rotate {
+    fn install(&self, creds: &Credentials) -> Result<(), TlsError> {
+        let inner = &self.0;
+        let quic = inner.services.quic_options(&inner.config.common);
+        let configs = inner
+            .controllers
+            .iter()
+            .map(|_| quic::client_config(creds, &quic))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (c, cfg) in inner.controllers.iter().zip(configs) {
+            *c.client.lock().unwrap_or_else(|e| e.into_inner()) = cfg;
+        }
+        Ok(())
+    }
+
+    fn outcome(&self, result: &Result<Reloaded, Refusal>, current: &Credentials) {
+        self.0.metrics.reloaded(result.is_ok());
+        if let Ok(Reloaded::Replaced { .. }) = result {
+            self.0.metrics.set_credentials(current);
+        }
     }
 }
 
@@ -365,11 +430,14 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
             Ok(link) => {
                 failures = 0;
                 // A 0-RTT connection learns the server's certificate with the handshake.
-                let controller =
-                    identity::of_connection(&link.conn).unwrap_or_else(|| "(resuming)".into());
+                let peer = identity::peer_certificate(&link.conn);
+                let (controller, serial) = match &peer {
+                    Some(c) => (c.identity.as_str(), c.serial.as_str()),
+                    None => ("(resuming)", ""),
+                };
                 info!(
-                    switch = %inner.identity, controller = %controller, remote = %link.conn.remote_address(),
-                    zero_rtt = link.early_start,
+                    switch = %inner.identity, controller = %controller, serial = %serial,
+                    remote = %link.conn.remote_address(), zero_rtt = link.early_start,
                     "connected to the controller agent"
                 );
                 inner.state.send_replace(LinkState::Up(link.clone()));
@@ -562,7 +630,7 @@ async fn connect_once(inner: &Arc<Inner>, index: usize, probe: bool) -> Result<A
     let connecting = match &inner.qlog {
         None => inner
             .endpoint
-            .connect_with(target.client.clone(), addr, &target.server_name),
+            .connect_with(target.client(), addr, &target.server_name),
         Some((qlog, opts)) => {
             let name = format!(
                 "{}-{}-switch",
@@ -574,7 +642,7 @@ async fn connect_once(inner: &Arc<Inner>, index: usize, probe: bool) -> Result<A
                 .transport(opts, &name, &title)
                 .map_err(|e| Attempt::Failed(format!("--qlog-dir: {e}"), None))?;
             debug!(switch = %inner.identity, qlog = %path.display(), "qlog of this connection");
-            let mut client = target.client.clone();
+            let mut client = target.client();
             client.transport_config(transport);
             inner
                 .endpoint

@@ -195,3 +195,39 @@ async fn metrics_count_what_crosses_and_healthz_follows_the_path() {
     assert_eq!(status, 404);
     setup.shutdown().await;
 }
+
+/// The coalescer reports each release of held messages; the agent records
+/// how long they waited and how many they were (agent-wide histograms).
+#[tokio::test]
+async fn coalescing_releases_are_recorded_in_the_histograms() {
+    let window = std::time::Duration::from_millis(200);
+    let setup = OneService::start("openflow", |c, _| c.common.coalesce = Some(window)).await;
+    let (mut ovs, mut ctl) = setup.connect().await;
+    let flow_mod = |xid| build::flow_mod(xid, &FlowMod::add(10, vec![], vec![]));
+    // The first is isolated and leaves at once; the second, well within the
+    // window after it, waits for the tick.
+    ctl.write_all(&flow_mod(1)).await.unwrap();
+    read_exact_len(&mut ovs, flow_mod(1).len()).await;
+    ctl.write_all(&flow_mod(2)).await.unwrap();
+    read_exact_len(&mut ovs, flow_mod(2).len()).await;
+    let text = setup.controller.metrics().encode(true);
+    let labels = r#"{service="openflow",direction="to_switch",reason="tick"}"#;
+    assert_eq!(
+        sample(
+            &text,
+            &format!("quicsdn_coalesce_hold_seconds_count{labels}")
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            &format!("quicsdn_coalesce_flush_messages_sum{labels}")
+        ),
+        1.0
+    );
+    let held = sample(&text, &format!("quicsdn_coalesce_hold_seconds_sum{labels}"));
+    assert!(held > 0.0 && held <= 2.0 * window.as_secs_f64(), "{held}");
+    setup.shutdown().await;
+}

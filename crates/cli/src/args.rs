@@ -186,6 +186,35 @@ pub enum PkiCommand {
         #[arg(long, default_value_t = 825)]
         days: u32,
     },
+    /// Import a certificate made by Open vSwitch's `ovs-pki req+sign NAME
+    /// switch|controller`: checks it (key matches, signed by the CA of its
+    /// role, not expired) and writes OUT/ca.crt (the other end's CA, which
+    /// this agent trusts), OUT/NAME.crt and OUT/NAME.key (never overwrites).
+    Import {
+        /// The ovs-pki directory (with controllerca/ and switchca/).
+        #[arg(long, value_name = "DIR", default_value = "/var/lib/openvswitch/pki")]
+        ovs_pki: PathBuf,
+        /// Where NAME-cert.pem and NAME-privkey.pem are (where `ovs-pki
+        /// req+sign` ran).
+        #[arg(long, value_name = "DIR", default_value = ".")]
+        from: PathBuf,
+        /// The NAME given to `ovs-pki req+sign`.
+        #[arg(long)]
+        name: String,
+        /// The agent that will use it: `switch` or `controller`.
+        #[arg(long, value_name = "ROLE")]
+        role: ImportRole,
+        /// Where to write the three files.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+}
+
+/// `quicsdn pki import --role`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum ImportRole {
+    Switch,
+    Controller,
 }
 
 /// Settings of the QUIC connection, taken by every command that makes one
@@ -227,6 +256,12 @@ pub struct QuicArgs {
     /// Congestion controller: bbr, cubic or newreno. [default: bbr]
     #[arg(long, value_name = "NAME")]
     pub congestion: Option<String>,
+    /// How often to check --ca, --cert and --key for a new version (their
+    /// resolved file's inode, size and times, so a symlink swap counts); a
+    /// new version that works is used for new handshakes, established
+    /// connections keep going. `off` (or 0): only on SIGHUP. [default: 5s]
+    #[arg(long, value_name = "DURATION")]
+    pub cert_poll_interval: Option<String>,
 }
 
 /// The [`QuicArgs`] settings as read from a configuration file.
@@ -239,6 +274,7 @@ pub struct QuicFile {
     pub grace: Option<String>,
     pub stream_window: Option<String>,
     pub congestion: Option<String>,
+    pub cert_poll_interval: Option<String>,
 }
 
 impl QuicArgs {
@@ -277,6 +313,19 @@ impl QuicArgs {
                     .parse()
                     .map_err(|e: String| anyhow!("--congestion: {e}"))?,
                 None => defaults.congestion,
+            },
+            cert_poll: match self
+                .cert_poll_interval
+                .take()
+                .or(file.cert_poll_interval.take())
+                .as_deref()
+            {
+                None => defaults.cert_poll,
+                Some("off") => None,
+                Some(s) => {
+                    let d = parse_duration(s).map_err(|e| anyhow!("--cert-poll-interval: {e}"))?;
+                    (!d.is_zero()).then_some(d)
+                }
             },
             ..defaults
         })
@@ -490,6 +539,7 @@ pub struct FileConfig {
     pub control: Option<PathBuf>,
     pub metrics: Option<SocketAddr>,
     pub qlog_dir: Option<PathBuf>,
+    pub cert_poll_interval: Option<String>,
     pub zero_rtt: Option<bool>,
     pub coalesce: Option<String>,
     pub ack_threshold: Option<u32>,
@@ -567,6 +617,7 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
         grace: file.grace.take().or(file.idle_timeout.take()),
         stream_window: file.stream_window.take(),
         congestion: file.congestion.take(),
+        cert_poll_interval: file.cert_poll_interval.take(),
     };
     let mut quic_args = args.quic;
     let defaults = quic_args.quic_options(

@@ -14,6 +14,7 @@ use clap::Parser;
 use quicsdn_agent::udp::{UdpControllerAgent, UdpSwitchAgent};
 use quicsdn_agent::{AgentTransport, ControllerAgent, SwitchAgent};
 use quicsdn_transport::pki;
+use quicsdn_transport::rotation::{Refusal, Reloaded};
 use std::process::ExitCode;
 use tracing::info;
 
@@ -69,7 +70,7 @@ fn run(cli: Cli) -> Result<()> {
                 return runtime(threads)?.block_on(async {
                     let agent = UdpSwitchAgent::start(config, profile).await?;
                     systemd::ready("switch agent (udp)");
-                    wait_for_signal().await?;
+                    serve_until_stopped(|| async { no_credentials() }).await?;
                     systemd::stopping();
                     info!(switch = %agent.identity, "shutting down");
                     agent.shutdown().await;
@@ -79,7 +80,7 @@ fn run(cli: Cli) -> Result<()> {
             runtime(threads)?.block_on(async {
                 let agent = SwitchAgent::start(config).await?;
                 systemd::ready(&format!("switch agent {}", agent.identity()));
-                wait_for_signal().await?;
+                serve_until_stopped(|| agent.reload_credentials()).await?;
                 systemd::stopping();
                 info!(switch = %agent.identity(), "shutting down");
                 agent.shutdown().await;
@@ -97,7 +98,7 @@ fn run(cli: Cli) -> Result<()> {
                 return runtime(cli.threads)?.block_on(async {
                     let agent = UdpControllerAgent::start(config, profile).await?;
                     systemd::ready("controller agent (udp)");
-                    wait_for_signal().await?;
+                    serve_until_stopped(|| async { no_credentials() }).await?;
                     systemd::stopping();
                     info!("shutting down");
                     agent.shutdown().await;
@@ -107,7 +108,7 @@ fn run(cli: Cli) -> Result<()> {
             runtime(cli.threads)?.block_on(async {
                 let agent = ControllerAgent::start(config).await?;
                 systemd::ready(&format!("controller agent on {}", agent.local_addr()?));
-                wait_for_signal().await?;
+                serve_until_stopped(|| agent.reload_credentials()).await?;
                 systemd::stopping();
                 info!("shutting down");
                 agent.shutdown().await;
@@ -117,7 +118,8 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// `quicsdn proxy server|client`: runs until SIGINT or SIGTERM.
+/// `quicsdn proxy server|client`: runs until SIGINT or SIGTERM; SIGHUP
+/// reloads the certificate files.
 fn proxy_command(
     cmd: proxy_args::ProxyCommand,
     threads: Option<usize>,
@@ -137,7 +139,7 @@ fn proxy_command(
             let config = args.resolve(file)?;
             runtime(threads)?.block_on(async {
                 let proxy = quicsdn_proxy::ProxyServer::start(config).await?;
-                wait_for_signal().await?;
+                serve_until_stopped(|| proxy.reload_credentials()).await?;
                 info!("shutting down");
                 proxy.shutdown().await;
                 Ok(())
@@ -147,7 +149,7 @@ fn proxy_command(
             let config = args.resolve(file)?;
             runtime(threads)?.block_on(async {
                 let proxy = quicsdn_proxy::ProxyClient::start(config).await?;
-                wait_for_signal().await?;
+                serve_until_stopped(|| proxy.reload_credentials()).await?;
                 info!("shutting down");
                 proxy.shutdown().await;
                 Ok(())
@@ -170,14 +172,38 @@ fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
     Ok(builder.enable_all().build()?)
 }
 
-async fn wait_for_signal() -> Result<()> {
+type ReloadResult = Option<Result<Reloaded, Refusal>>;
+
+/// Runs until SIGINT or SIGTERM. SIGHUP reads the CA, certificate and key
+/// files again (`reload`, which logs what came of it) and carries on:
+/// established connections stay up. systemd is told of the reload
+/// (`RELOADING=1`, then `READY=1`), so `systemctl reload` reports it.
+async fn serve_until_stopped<F, Fut>(reload: F) -> Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ReloadResult>,
+{
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r?,
-        _ = term.recv() => {}
+    let mut hup = signal(SignalKind::hangup())?;
+    loop {
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => return Ok(r?),
+            _ = term.recv() => return Ok(()),
+            _ = hup.recv() => {
+                systemd::reloading();
+                // The outcome is logged by the rotation itself.
+                let _ = reload().await;
+                systemd::reloaded();
+            }
+        }
     }
-    Ok(())
+}
+
+/// SIGHUP to a `--transport udp` agent: it holds no certificates.
+fn no_credentials() -> ReloadResult {
+    info!("SIGHUP: --transport udp uses no certificates; nothing to reload");
+    None
 }
 
 /// Sends one request to an agent's control socket and prints the answer.
@@ -220,6 +246,33 @@ fn pki_command(cmd: PkiCommand) -> Result<()> {
         } => {
             let (crt, key) = pki::issue(&dir, &name, &ips, pki::Validity::days(days))?;
             println!("wrote {} and {}", crt.display(), key.display());
+        }
+        PkiCommand::Import {
+            ovs_pki,
+            from,
+            name,
+            role,
+            out,
+        } => {
+            use quicsdn_transport::ovs_pki::{AgentRole, import};
+            let role = match role {
+                args::ImportRole::Switch => AgentRole::Switch,
+                args::ImportRole::Controller => AgentRole::Controller,
+            };
+            let done = import(&ovs_pki, &from, &name, role, &out)?;
+            for w in &done.warnings {
+                eprintln!("warning: {w}");
+            }
+            println!(
+                "imported {:?} (serial {}); in the agent's configuration:",
+                done.identity, done.serial
+            );
+            println!("ca = {:?}", done.files.ca.display().to_string());
+            println!("cert = {:?}", done.files.cert.display().to_string());
+            println!("key = {:?}", done.files.key.display().to_string());
+            if role == AgentRole::Controller {
+                println!("# the switch agents: server-name = {:?}", done.identity);
+            }
         }
     }
     Ok(())

@@ -78,6 +78,7 @@ pub struct ProxyFile {
     pub idle_timeout: Option<String>,
     pub stream_window: Option<String>,
     pub congestion: Option<String>,
+    pub cert_poll_interval: Option<String>,
     pub forward: Option<Vec<String>>,
     // Server only.
     pub listen: Option<SocketAddr>,
@@ -103,6 +104,7 @@ impl ProxyFile {
             grace: self.grace.take().or(self.idle_timeout.take()),
             stream_window: self.stream_window.take(),
             congestion: self.congestion.take(),
+            cert_poll_interval: self.cert_poll_interval.take(),
         }
     }
 

@@ -29,3 +29,16 @@ pub fn ready(status: &str) {
 pub fn stopping() {
     let _ = sd_notify::notify(&[NotifyState::Stopping]);
 }
+
+/// Tells systemd a reload (SIGHUP) has begun (`RELOADING=1`, with the
+/// monotonic time systemd 253's `Type=notify-reload` asks for).
+pub fn reloading() {
+    let mut states = vec![NotifyState::Reloading];
+    states.extend(NotifyState::monotonic_usec_now());
+    let _ = sd_notify::notify(&states);
+}
+
+/// Tells systemd the reload is over.
+pub fn reloaded() {
+    let _ = sd_notify::notify(&[NotifyState::Ready]);
+}

@@ -169,6 +169,29 @@ pub struct CoalesceStats {
     pub held: u64,
 }
 
+/// Why held messages left ([`Flush`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FlushReason {
+    /// An urgent message took them along.
+    Urgent,
+    /// [`CoalesceConfig::max_held`] bytes were held.
+    Bytes,
+    /// The tick came ([`Coalescer::deadline`]).
+    Tick,
+}
+
+/// One release of held messages, reported as data for the caller to record
+/// (the agents' hold-time histograms): why, how long the oldest of them
+/// waited, and how many there were. Messages that never waited (urgent or
+/// isolated ones leaving alone) make none; nor does [`Coalescer::flush`] at
+/// the end of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flush {
+    pub reason: FlushReason,
+    pub held_for: Duration,
+    pub messages: u32,
+}
+
 /// One direction of one session's coalescing (see the module documentation).
 #[derive(Debug)]
 pub struct Coalescer {
@@ -190,6 +213,10 @@ pub struct Coalescer {
     /// reports the error after the messages before it.
     passthrough: bool,
     stats: CoalesceStats,
+    /// Whole messages waiting (past `release`).
+    held_messages: u32,
+    /// Releases not yet collected by [`Coalescer::take_flushes`].
+    flushes: Vec<Flush>,
 }
 
 impl Coalescer {
@@ -208,6 +235,8 @@ impl Coalescer {
             // Raw services have no messages to classify: never held.
             passthrough: framing == Framing::Raw,
             stats: CoalesceStats::default(),
+            held_messages: 0,
+            flushes: Vec::new(),
         }
     }
 
@@ -277,16 +306,36 @@ impl Coalescer {
             }
             if urgent || isolated {
                 // Everything held before it goes along, in order.
+                self.release_held(now, FlushReason::Urgent);
                 self.release = self.scanned;
-                self.held_since = None;
-            } else if self.held_since.is_none() {
-                self.held_since = Some(now);
+            } else {
+                self.held_messages += 1;
+                if self.held_since.is_none() {
+                    self.held_since = Some(now);
+                }
             }
         }
         if self.scanned - self.release >= self.cfg.max_held {
+            self.release_held(now, FlushReason::Bytes);
             self.release = self.scanned;
-            self.held_since = None;
         }
+    }
+
+    /// The held messages leave at `now`: reports the release, if any waited.
+    fn release_held(&mut self, now: Instant, reason: FlushReason) {
+        if let Some(since) = self.held_since.take() {
+            self.flushes.push(Flush {
+                reason,
+                held_for: now.saturating_duration_since(since),
+                messages: self.held_messages,
+            });
+        }
+        self.held_messages = 0;
+    }
+
+    /// The releases since the last call, oldest first.
+    pub fn take_flushes(&mut self) -> std::vec::Drain<'_, Flush> {
+        self.flushes.drain(..)
     }
 
     /// A PACKET_IN was delivered to the local controller at `now`: FLOW_MODs in
@@ -310,11 +359,12 @@ impl Coalescer {
             self.scanned = 0;
             self.release = 0;
             self.held_since = None;
+            self.held_messages = 0;
             return self.buf.split().freeze();
         }
         if self.deadline().is_some_and(|d| now >= d) {
+            self.release_held(now, FlushReason::Tick);
             self.release = self.scanned;
-            self.held_since = None;
         }
         let out = self.buf.split_to(self.release);
         self.scanned -= self.release;
@@ -327,6 +377,7 @@ impl Coalescer {
         self.scanned = 0;
         self.release = 0;
         self.held_since = None;
+        self.held_messages = 0;
         self.buf.split().freeze()
     }
 

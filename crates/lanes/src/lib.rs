@@ -39,7 +39,7 @@ pub mod rules;
 mod inbound;
 mod outbound;
 
-pub use coalesce::{CoalesceConfig, Coalescer};
+pub use coalesce::{CoalesceConfig, Coalescer, Flush, FlushReason};
 pub use early::EarlyGate;
 pub use inbound::{Inbound, InboundEvent, TruncatedLane};
 pub use outbound::{Batch, Outbound};

@@ -1227,10 +1227,28 @@ mod coalescing {
             ]
             .concat()[..]
         );
+        use coalesce::{Flush, FlushReason};
+        let flushes = |co: &mut Coalescer| co.take_flushes().collect::<Vec<_>>();
+        assert_eq!(
+            flushes(&mut co),
+            [Flush {
+                reason: FlushReason::Urgent,
+                held_for: ms,
+                messages: 2
+            }]
+        );
         assert_eq!(co.deadline(), Some(t(10)));
         assert!(co.take(t(9)).is_empty());
         assert_eq!(co.take(t(10))[..], plain(FLOW_MOD, 5, 5)[..]);
         assert_eq!(co.stats().held, 3);
+        assert_eq!(
+            flushes(&mut co),
+            [Flush {
+                reason: FlushReason::Tick,
+                held_for: ms * 7,
+                messages: 1
+            }]
+        );
         // A FLOW_MOD answering a packet-in does not wait; long after, one does.
         co.packet_in_delivered(t(11));
         co.read_buf().extend_from_slice(&plain(FLOW_MOD, 6, 6));
@@ -1252,6 +1270,16 @@ mod coalescing {
         co.arrived(t(120));
         assert_eq!(co.take(t(120)).len(), 12 + 400 * 12);
         assert!(!co.is_holding());
+        // The isolated and the answering FLOW_MODs never waited: only the
+        // byte limit's release is reported.
+        assert_eq!(
+            flushes(&mut co),
+            [Flush {
+                reason: FlushReason::Bytes,
+                held_for: ms,
+                messages: 401
+            }]
+        );
         assert_eq!(co.flush().len(), 5);
     }
 

@@ -13,9 +13,10 @@ use crate::splice::{Ending, arm_reset, reset_tcp, splice};
 use crate::{ProxyError, code, header};
 use quicsdn_transport::backoff::Backoff;
 use quicsdn_transport::local::{LocalListener, LocalStream};
+use quicsdn_transport::rotation::{self, Loaded, Policy, Refusal, Reloaded, RotationHandle};
 use quicsdn_transport::shutdown::Shutdown;
 use quicsdn_transport::target::Target;
-use quicsdn_transport::tls::Credentials;
+use quicsdn_transport::tls::{Credentials, Role, TlsError};
 use quicsdn_transport::{identity, quic};
 use quinn::{Connection, Endpoint, VarInt};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -42,6 +43,9 @@ enum LinkState {
 struct Inner {
     config: ClientConfig,
     endpoint: Endpoint,
+    /// The client configuration of the next attempt; replaced when the
+    /// certificate files are rotated.
+    client: std::sync::Mutex<quinn::ClientConfig>,
     state: watch::Sender<LinkState>,
     /// Try now instead of waiting out the backoff.
     kick: Notify,
@@ -56,6 +60,7 @@ pub struct ProxyClient {
     shutdown: Shutdown,
     tasks: JoinSet<()>,
     listeners: Vec<(String, Target)>,
+    rotation: RotationHandle,
 }
 
 impl ProxyClient {
@@ -64,7 +69,8 @@ impl ProxyClient {
     /// running.
     pub async fn start(config: ClientConfig) -> Result<ProxyClient, ProxyError> {
         config.validate()?;
-        let creds = Credentials::load(&config.tls)?;
+        let loaded = Loaded::load(&config.tls)?;
+        let creds = &loaded.creds;
         creds.warn_if_expiring();
         let mut bound = Vec::new();
         for f in &config.forwards {
@@ -85,16 +91,32 @@ impl ProxyClient {
             }
             None => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
         };
-        let endpoint = quic::client_endpoint(bind, &creds, &config.quic)?;
+        let endpoint = quic::client_endpoint(bind, creds, &config.quic)?;
+        let client = std::sync::Mutex::new(quic::client_config(creds, &config.quic)?);
         let inner = Arc::new(Inner {
             config,
             endpoint,
+            client,
             state: watch::channel(LinkState::Down).0,
             kick: Notify::new(),
             last_failure: std::sync::Mutex::new("no attempt finished yet".into()),
         });
         let shutdown = Shutdown::new();
         let mut tasks = JoinSet::new();
+        let (rotation, rotating) = rotation::task(
+            loaded,
+            rotation::Rotation {
+                policy: Policy {
+                    role: Role::Client,
+                    same_identity: false,
+                },
+                poll: inner.config.quic.cert_poll,
+                who: "proxy client".into(),
+            },
+            Arc::new(Rotate(inner.clone())),
+            shutdown.clone(),
+        );
+        tasks.spawn(rotating);
         let mut listeners = Vec::new();
         for (forward, listener) in bound {
             let actual = listener.local_target();
@@ -113,7 +135,15 @@ impl ProxyClient {
             shutdown,
             tasks,
             listeners,
+            rotation,
         })
+    }
+
+    /// Reads the CA, certificate and key files again (SIGHUP) and, if they
+    /// pass, uses them from the next connection on; the current one stays
+    /// up. `None` once shutting down.
+    pub async fn reload_credentials(&self) -> Option<Result<Reloaded, Refusal>> {
+        self.rotation.reload().await
     }
 
     /// Where each forward listens (port 0 resolved).
@@ -219,9 +249,14 @@ async fn connect_once(inner: &Inner) -> Result<Connection, String> {
         .map_err(|e| format!("cannot resolve {}: {e}", cfg.server))?
         .next()
         .ok_or_else(|| format!("{} resolves to no address", cfg.server))?;
+    let client = inner
+        .client
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
     let connecting = inner
         .endpoint
-        .connect(addr, &cfg.server_name)
+        .connect_with(client, addr, &cfg.server_name)
         .map_err(|e| format!("cannot start a connection to {addr}: {e}"))?;
     // quinn gives up on a handshake after the idle timeout.
     connecting
@@ -325,5 +360,17 @@ async fn serve_tcp(inner: Arc<Inner>, forward: Arc<Forward>, tcp: TcpStream) {
         e => {
             info!(forward = %forward.name, %peer, sent = report.sent, received = report.received, "connection {}", e.describe())
         }
+    }
+}
+
+/// Puts rotated credentials in use for the next connection attempt (a new
+/// client configuration: a full handshake, presenting the new certificate).
+struct Rotate(Arc<Inner>);
+
+impl rotation::Install for Rotate {
+    fn install(&self, creds: &Credentials) -> Result<(), TlsError> {
+        let cfg = quic::client_config(creds, &self.0.config.quic)?;
+        *self.0.client.lock().unwrap_or_else(|e| e.into_inner()) = cfg;
+        Ok(())
     }
 }

@@ -6,9 +6,10 @@ use crate::splice::{Ending, arm_reset, splice};
 use crate::{ProxyError, code, header};
 use quicsdn_transport::local::LocalStream;
 use quicsdn_transport::resumption::{self, SessionStore};
+use quicsdn_transport::rotation::{self, Loaded, Policy, Refusal, Reloaded, RotationHandle};
 use quicsdn_transport::shutdown::Shutdown;
 use quicsdn_transport::target::Target;
-use quicsdn_transport::tls::Credentials;
+use quicsdn_transport::tls::{Credentials, Role, TlsError};
 use quicsdn_transport::{identity, quic};
 use quinn::{Endpoint, RecvStream, SendStream, VarInt};
 use std::collections::HashMap;
@@ -32,6 +33,8 @@ pub struct ProxyServer {
     endpoint: Endpoint,
     shutdown: Shutdown,
     accept_task: JoinHandle<()>,
+    rotation: RotationHandle,
+    rotation_task: JoinHandle<()>,
 }
 
 impl ProxyServer {
@@ -39,10 +42,12 @@ impl ProxyServer {
     /// nothing is left running.
     pub async fn start(config: ServerConfig) -> Result<ProxyServer, ProxyError> {
         config.validate()?;
-        let creds = Credentials::load(&config.tls)?;
+        let loaded = Loaded::load(&config.tls)?;
+        let creds = &loaded.creds;
         creds.warn_if_expiring();
         let sessions = Arc::new(SessionStore::in_memory(resumption::DEFAULT_CAPACITY));
-        let (endpoint, _) = quic::server_endpoint(config.listen, &creds, &config.quic, sessions)?;
+        let (endpoint, _) =
+            quic::server_endpoint(config.listen, creds, &config.quic, sessions.clone())?;
         info!(
             listen = %endpoint.local_addr()?, identity = %creds.identity,
             forwards = %config.forwards.iter().map(|f| format!("{}={}", f.name, f.target)).collect::<Vec<_>>().join(" "),
@@ -58,6 +63,24 @@ impl ProxyServer {
             connect_timeout: config.connect_timeout,
         });
         let shutdown = Shutdown::new();
+        let (rotation, rotating) = rotation::task(
+            loaded,
+            rotation::Rotation {
+                policy: Policy {
+                    role: Role::Server,
+                    same_identity: false,
+                },
+                poll: config.quic.cert_poll,
+                who: "proxy server".into(),
+            },
+            Arc::new(Rotate {
+                endpoint: endpoint.clone(),
+                quic: config.quic,
+                sessions,
+            }),
+            shutdown.clone(),
+        );
+        let rotation_task = tokio::spawn(rotating);
         let accept_task = tokio::spawn(accept_connections(
             inner,
             endpoint.clone(),
@@ -67,7 +90,16 @@ impl ProxyServer {
             endpoint,
             shutdown,
             accept_task,
+            rotation,
+            rotation_task,
         })
+    }
+
+    /// Reads the CA, certificate and key files again (SIGHUP) and, if they
+    /// pass, uses them for new handshakes; established connections stay up.
+    /// `None` once shutting down.
+    pub async fn reload_credentials(&self) -> Option<Result<Reloaded, Refusal>> {
+        self.rotation.reload().await
     }
 
     /// The UDP address it listens on.
@@ -83,7 +115,24 @@ impl ProxyServer {
             b"proxy server shutting down",
         );
         let _ = self.accept_task.await;
+        let _ = self.rotation_task.await;
         let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
+    }
+}
+
+/// Puts rotated credentials in use for new handshakes (the endpoint's server
+/// configuration, with the same session store).
+struct Rotate {
+    endpoint: Endpoint,
+    quic: quic::QuicOptions,
+    sessions: Arc<SessionStore>,
+}
+
+impl rotation::Install for Rotate {
+    fn install(&self, creds: &Credentials) -> Result<(), TlsError> {
+        let server = quic::server_config(creds, &self.quic, self.sessions.clone())?;
+        self.endpoint.set_server_config(Some(server));
+        Ok(())
     }
 }
 

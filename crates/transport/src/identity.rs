@@ -13,6 +13,7 @@ use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertSummary {
     pub identity: String,
+    pub not_before: OffsetDateTime,
     pub not_after: OffsetDateTime,
     /// The serial number, in hex as `openssl x509 -serial` prints it.
     pub serial: String,
@@ -44,6 +45,7 @@ pub fn parse(der: &CertificateDer<'_>) -> Result<CertSummary, String> {
         .ok_or_else(|| "certificate has neither a DNS name nor a common name".to_string())?;
     Ok(CertSummary {
         identity,
+        not_before: cert.validity().not_before.to_datetime(),
         not_after: cert.validity().not_after.to_datetime(),
         serial: cert.raw_serial_as_string().replace(':', "").to_uppercase(),
     })
@@ -52,7 +54,13 @@ pub fn parse(der: &CertificateDer<'_>) -> Result<CertSummary, String> {
 /// The verified identity of a QUIC connection's peer, if it presented a
 /// certificate (on the controller agent it always has, or the handshake failed).
 pub fn of_connection(conn: &quinn::Connection) -> Option<String> {
+    peer_certificate(conn).map(|s| s.identity)
+}
+
+/// The certificate a QUIC connection's peer presented (for a resumed
+/// session: the one it presented at the full handshake the ticket came from).
+pub fn peer_certificate(conn: &quinn::Connection) -> Option<CertSummary> {
     let any = conn.peer_identity()?;
     let certs = any.downcast::<Vec<CertificateDer<'static>>>().ok()?;
-    parse(certs.first()?).ok().map(|s| s.identity)
+    parse(certs.first()?).ok()
 }

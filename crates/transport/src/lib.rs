@@ -4,7 +4,9 @@
 //!   (`tcp:`, `unix:`, `ptcp:`, `punix:`) and the plain streams to OVS and the
 //!   controller (OVS's `lib/stream`).
 //! * [`tls`], [`identity`], [`pki`] — mutual TLS 1.3: loading PEM credentials,
-//!   naming peers by certificate, issuing certificates.
+//!   naming peers by certificate, issuing certificates ([`ovs_pki`]:
+//!   importing `ovs-pki`'s); [`rotation`] —
+//!   reading them again on SIGHUP and when they change on disk.
 //! * [`quic`] — quinn endpoints with quicsdn's transport settings;
 //!   [`resumption`] — the server's TLS session store behind 0-RTT;
 //!   [`keylog`] — TLS secrets for Wireshark (`SSLKEYLOGFILE`, `snoop --keylog`).
@@ -15,10 +17,12 @@ pub mod backoff;
 pub mod identity;
 pub mod keylog;
 pub mod local;
+pub mod ovs_pki;
 pub mod pki;
 pub mod quic;
 pub mod quic_lb;
 pub mod resumption;
+pub mod rotation;
 pub mod shutdown;
 pub mod target;
 #[cfg(feature = "testing")]

@@ -61,14 +61,9 @@ pub fn cert_paths(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     )
 }
 
-/// Creates `dir/ca.crt` and `dir/ca.key`.
-pub fn init_ca(
-    dir: &Path,
-    common_name: &str,
-    validity: Validity,
-) -> Result<(PathBuf, PathBuf), PkiError> {
-    let (crt, key) = ca_paths(dir);
-    refuse_existing(&[&crt, &key])?;
+/// A new self-signed CA: its certificate (PEM) and key pair. In memory;
+/// [`init_ca`] writes them.
+pub fn generate_ca(common_name: &str, validity: Validity) -> Result<(String, KeyPair), PkiError> {
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     params
         .distinguished_name
@@ -83,41 +78,19 @@ pub fn init_ca(
     params.not_after = validity.not_after;
     let key_pair = KeyPair::generate()?;
     let cert = params.self_signed(&key_pair)?;
-    create_dir(dir)?;
-    write_new(&key, key_pair.serialize_pem().as_bytes(), 0o600)?;
-    write_new(&crt, cert.pem().as_bytes(), 0o644)?;
-    Ok((crt, key))
+    Ok((cert.pem(), key_pair))
 }
 
-/// Creates `dir/NAME.crt` and `dir/NAME.key`, signed by the CA in `dir`.
-pub fn issue(
-    dir: &Path,
+/// A new certificate for `name`, signed by the CA `ca_cert_pem`/`ca_key`:
+/// its certificate and key, PEM. In memory; [`issue`] writes them.
+pub fn generate_cert(
+    ca_cert_pem: &str,
+    ca_key: &KeyPair,
     name: &str,
     ips: &[IpAddr],
     validity: Validity,
-) -> Result<(PathBuf, PathBuf), PkiError> {
-    if name.is_empty()
-        || name.starts_with('.')
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-    {
-        return Err(PkiError::BadName(name.to_string()));
-    }
-    let (ca_crt, ca_key) = ca_paths(dir);
-    let (crt, key) = cert_paths(dir, name);
-    refuse_existing(&[&crt, &key])?;
-    let ca_key_pem = read(&ca_key)?;
-    let ca_key_pair = KeyPair::from_pem(&ca_key_pem).map_err(|e| PkiError::File {
-        path: ca_key.clone(),
-        reason: format!("not a usable private key: {e}"),
-    })?;
-    let issuer =
-        Issuer::from_ca_cert_pem(&read(&ca_crt)?, ca_key_pair).map_err(|e| PkiError::File {
-            path: ca_crt.clone(),
-            reason: format!("not a usable CA certificate: {e}"),
-        })?;
-
+) -> Result<(String, String), PkiError> {
+    let issuer = Issuer::from_ca_cert_pem(ca_cert_pem, ca_key)?;
     let mut params = CertificateParams::new(vec![name.to_string()])?;
     params
         .subject_alt_names
@@ -133,9 +106,75 @@ pub fn issue(
     params.not_after = validity.not_after;
     let key_pair = KeyPair::generate()?;
     let cert = params.signed_by(&key_pair, &issuer)?;
+    Ok((cert.pem(), key_pair.serialize_pem()))
+}
+
+/// Creates `dir/ca.crt` and `dir/ca.key`.
+pub fn init_ca(
+    dir: &Path,
+    common_name: &str,
+    validity: Validity,
+) -> Result<(PathBuf, PathBuf), PkiError> {
+    let (crt, key) = ca_paths(dir);
+    refuse_existing(&[&crt, &key])?;
+    let (cert_pem, key_pair) = generate_ca(common_name, validity)?;
+    create_dir(dir)?;
     write_new(&key, key_pair.serialize_pem().as_bytes(), 0o600)?;
-    write_new(&crt, cert.pem().as_bytes(), 0o644)?;
+    write_new(&crt, cert_pem.as_bytes(), 0o644)?;
     Ok((crt, key))
+}
+
+/// Whether `name` may name a certificate (and its files).
+fn check_name(name: &str) -> Result<(), PkiError> {
+    if name.is_empty()
+        || name.starts_with('.')
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(PkiError::BadName(name.to_string()));
+    }
+    Ok(())
+}
+
+/// Creates `dir/NAME.crt` and `dir/NAME.key`, signed by the CA in `dir`.
+pub fn issue(
+    dir: &Path,
+    name: &str,
+    ips: &[IpAddr],
+    validity: Validity,
+) -> Result<(PathBuf, PathBuf), PkiError> {
+    let (crt, key) = cert_paths(dir, name);
+    check_name(name)?;
+    refuse_existing(&[&crt, &key])?;
+    let (cert_pem, key_pem) = issue_pem(dir, name, ips, validity)?;
+    write_new(&key, key_pem.as_bytes(), 0o600)?;
+    write_new(&crt, cert_pem.as_bytes(), 0o644)?;
+    Ok((crt, key))
+}
+
+/// A new certificate for `name` signed by the CA in `dir`: its certificate
+/// and key, PEM, not written anywhere (a rotation writes them where the
+/// agent reads them).
+pub fn issue_pem(
+    dir: &Path,
+    name: &str,
+    ips: &[IpAddr],
+    validity: Validity,
+) -> Result<(String, String), PkiError> {
+    check_name(name)?;
+    let (ca_crt, ca_key) = ca_paths(dir);
+    let ca_key_pem = read(&ca_key)?;
+    let ca_key_pair = KeyPair::from_pem(&ca_key_pem).map_err(|e| PkiError::File {
+        path: ca_key.clone(),
+        reason: format!("not a usable private key: {e}"),
+    })?;
+    let ca_pem = read(&ca_crt)?;
+    Issuer::from_ca_cert_pem(&ca_pem, &ca_key_pair).map_err(|e| PkiError::File {
+        path: ca_crt.clone(),
+        reason: format!("not a usable CA certificate: {e}"),
+    })?;
+    generate_cert(&ca_pem, &ca_key_pair, name, ips, validity)
 }
 
 fn refuse_existing(paths: &[&Path]) -> Result<(), PkiError> {
@@ -159,7 +198,7 @@ fn read(path: &Path) -> Result<String, PkiError> {
     })
 }
 
-fn write_new(path: &Path, data: &[u8], mode: u32) -> Result<(), PkiError> {
+pub(crate) fn write_new(path: &Path, data: &[u8], mode: u32) -> Result<(), PkiError> {
     let err = |e: std::io::Error| PkiError::File {
         path: path.to_path_buf(),
         reason: e.to_string(),

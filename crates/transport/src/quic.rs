@@ -67,6 +67,10 @@ pub struct QuicOptions {
     pub cid_len: usize,
     /// What the connection carries (its ALPN name, and what logs call each end).
     pub application: Application,
+    /// How often the CA, certificate and key files are checked for a new
+    /// version ([`crate::rotation`]); `None`: only on SIGHUP. Not a QUIC
+    /// setting, but every end that makes QUIC connections takes it.
+    pub cert_poll: Option<Duration>,
 }
 
 /// Streams the peer may have open at once (RFC 9000 §4.6).
@@ -200,6 +204,7 @@ impl Default for QuicOptions {
             zero_length_cid: false,
             cid_len: DEFAULT_CID_LEN,
             application: crate::tls::AGENTS,
+            cert_poll: Some(crate::rotation::DEFAULT_POLL),
         }
     }
 }
@@ -367,7 +372,7 @@ pub fn server_config(
     creds: &Credentials,
     opts: &QuicOptions,
     sessions: Arc<SessionStore>,
-) -> Result<quinn::ServerConfig, EndpointError> {
+) -> Result<quinn::ServerConfig, TlsError> {
     let mut tls = creds.server_config_for(opts.application)?;
     // Off unless SSLKEYLOGFILE or a `snoop --keylog` asks (loudly).
     tls.key_log = crate::keylog::hub();

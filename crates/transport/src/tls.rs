@@ -135,6 +135,8 @@ pub struct Credentials {
     key: Arc<PrivateKeyDer<'static>>,
     /// The identity in this agent's own certificate (see [`crate::identity`]).
     pub identity: String,
+    /// When this agent's own certificate becomes valid.
+    pub not_before: OffsetDateTime,
     /// When this agent's own certificate expires.
     pub not_after: OffsetDateTime,
     /// This agent's certificate's serial number (hex).
@@ -147,16 +149,44 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn read_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let read_err = |reason: String| TlsError::Read {
-        what,
-        path: path.to_path_buf(),
-        reason,
-    };
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| read_err(e.to_string()))?
+/// The contents of the three files, as read (see [`TlsFiles::read`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsPem {
+    pub ca: Vec<u8>,
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+}
+
+impl TlsFiles {
+    /// Reads the three files (following symlinks).
+    pub fn read(&self) -> Result<TlsPem, TlsError> {
+        let read = |what: &'static str, path: &Path| {
+            std::fs::read(path).map_err(|e| TlsError::Read {
+                what,
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            })
+        };
+        Ok(TlsPem {
+            ca: read("CA file", &self.ca)?,
+            cert: read("certificate file", &self.cert)?,
+            key: read("key file", &self.key)?,
+        })
+    }
+}
+
+fn parse_certs(
+    what: &'static str,
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| read_err(e.to_string()))?;
+        .map_err(|e| TlsError::Read {
+            what,
+            path: path.to_path_buf(),
+            reason: format!("not valid PEM: {e}"),
+        })?;
     if certs.is_empty() {
         return Err(TlsError::Empty {
             what,
@@ -167,11 +197,25 @@ fn read_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'sta
     Ok(certs)
 }
 
+/// Which end of the TLS handshake an agent's own certificate serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The connecting end (switch agent, proxy client): a client certificate.
+    Client,
+    /// The listening end (controller agent, proxy server): a server certificate.
+    Server,
+}
+
 impl Credentials {
     /// Reads and checks the three files: the CA must parse, the certificate and key
     /// must match.
     pub fn load(files: &TlsFiles) -> Result<Credentials, TlsError> {
-        let ca = read_certs("CA file", &files.ca)?;
+        Self::from_pem(files, &files.read()?)
+    }
+
+    /// [`Self::load`] from the files' contents (`files` names them in errors).
+    pub fn from_pem(files: &TlsFiles, pem: &TlsPem) -> Result<Credentials, TlsError> {
+        let ca = parse_certs("CA file", &files.ca, &pem.ca)?;
         let ca_summary = crate::identity::parse(&ca[0]).map_err(|reason| TlsError::BadCa {
             path: files.ca.clone(),
             reason,
@@ -183,8 +227,8 @@ impl Credentials {
                 reason: e.to_string(),
             })?;
         }
-        let chain = read_certs("certificate file", &files.cert)?;
-        let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| match e {
+        let chain = parse_certs("certificate file", &files.cert, &pem.cert)?;
+        let key = PrivateKeyDer::from_pem_slice(&pem.key).map_err(|e| match e {
             rustls_pki_types::pem::Error::NoItemsFound => TlsError::Empty {
                 what: "key file",
                 path: files.key.clone(),
@@ -193,7 +237,7 @@ impl Credentials {
             e => TlsError::Read {
                 what: "key file",
                 path: files.key.clone(),
-                reason: e.to_string(),
+                reason: format!("not valid PEM: {e}"),
             },
         })?;
         rustls::sign::CertifiedKey::from_der(chain.clone(), key.clone_key(), &provider()).map_err(
@@ -215,10 +259,36 @@ impl Credentials {
             chain,
             key: Arc::new(key),
             identity: leaf.identity,
+            not_before: leaf.not_before,
             not_after: leaf.not_after,
             serial: leaf.serial,
             ca_not_after: ca_summary.not_after,
         })
+    }
+
+    /// Whether this agent's own certificate chains to its own CA file and
+    /// may serve `role` at `now` (RFC 5280 §6 path validation, and §4.2.1.12:
+    /// the extended key usage, if the certificate has one, must allow the
+    /// role). With one CA for both ends (`quicsdn pki`) it does; with
+    /// `ovs-pki`'s two CAs each end's certificate comes from the CA the other
+    /// end trusts, and only the peer can check it.
+    pub fn verify_own(&self, role: Role, now: UnixTime) -> Result<(), String> {
+        let leaf = webpki::EndEntityCert::try_from(&self.chain[0]).map_err(|e| e.to_string())?;
+        let usage = match role {
+            Role::Client => webpki::KeyUsage::client_auth(),
+            Role::Server => webpki::KeyUsage::server_auth(),
+        };
+        leaf.verify_for_usage(
+            webpki::ALL_VERIFICATION_ALGS,
+            &self.roots.roots,
+            &self.chain[1..],
+            now,
+            usage,
+            None,
+            None,
+        )
+        .map(|_| ())
+        .map_err(|e| e.to_string())
     }
 
     pub fn files(&self) -> &TlsFiles {

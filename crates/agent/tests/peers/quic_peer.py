@@ -43,6 +43,22 @@ def session_preamble(session, service, mode=(0, 0)):
     return b"\x71" + varint(session) + varint(mode[0]) + varint(mode[1]) + varint(len(name)) + name
 
 
+# The first bytes of the streams a quicsdn agent opens (wire::preamble).
+STREAM_MAGICS = {0x63, 0x71, 0x75}
+
+
+def junk_bytes(n):
+    """Random bytes that cannot start a quicsdn stream. Fully random junk starts
+    with a stream type about once in 85 streams, and may then declare a preamble
+    longer than what follows: the agent rightly waits for the rest (up to its
+    10 s preamble timeout), and the stream would stay unanswered for as long as
+    this client waits. Those streams are tested on purpose above (bad_hello)."""
+    first = os.urandom(1)[0]
+    while first in STREAM_MAGICS:
+        first = os.urandom(1)[0]
+    return bytes([first]) + os.urandom(n - 1)
+
+
 class Peer(QuicConnectionProtocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -114,7 +130,7 @@ async def main():
                 kinds["malformed_openflow"] = send(
                     session_preamble(1, "openflow") + b"\x04\x00\x00\x02\x00\x00\x00\x07", end=False
                 )
-                junk = [send(os.urandom(4096), end=False) for _ in range(a.streams)]
+                junk = [send(junk_bytes(4096), end=False) for _ in range(a.streams)]
                 peer.transmit()
                 # Wait until the agent has answered every stream, or closed.
                 for _ in range(200):

@@ -29,6 +29,7 @@ fn quick_bench_writes_every_cell_delivered_exactly_with_counters() {
         delays: None,
         total_kb: None,
         prefix: P.into(),
+        summarize: false,
     })
     .unwrap();
 

@@ -133,6 +133,10 @@ pub struct SdudpBenchArgs {
     /// Name prefix of the labs (at most 10 characters).
     #[arg(long, default_value = "sdudpb")]
     pub prefix: String,
+    /// Measure nothing: rewrite cells.csv and summary.md from OUT/runs.csv
+    /// (e.g. of a grid that was stopped part way).
+    #[arg(long)]
+    pub summarize: bool,
 }
 
 /// One lab configuration.
@@ -201,10 +205,11 @@ impl Config {
     }
 }
 
-fn list<T: std::str::FromStr>(s: &Option<String>, default: &[T], what: &str) -> Result<Vec<T>>
-where
-    T: Clone,
-{
+fn list<T: std::str::FromStr + Clone>(
+    s: &Option<String>,
+    default: &[T],
+    what: &str,
+) -> Result<Vec<T>> {
     match s {
         None => Ok(default.to_vec()),
         Some(s) => s
@@ -522,6 +527,27 @@ pub fn mean_ci(x: &[f64]) -> (f64, f64) {
 }
 
 pub fn run(a: SdudpBenchArgs) -> Result<()> {
+    if a.summarize {
+        let runs = Csv::read(&a.out.join("runs.csv"), RUNS_HEADER)?;
+        let reps = runs
+            .rows
+            .iter()
+            .filter_map(|r| r[8].parse::<usize>().ok())
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let total = runs.rows.first().map_or(0, |r| {
+            r[9].parse::<usize>().unwrap_or(0) * r[10].parse::<usize>().unwrap_or(0)
+        });
+        let cells = aggregate(&runs);
+        cells.write(&a.out.join("cells.csv"))?;
+        std::fs::write(
+            a.out.join("summary.md"),
+            summary(&cells, reps, total, Duration::ZERO),
+        )?;
+        println!("wrote {}", a.out.display());
+        return Ok(());
+    }
     let g = grid(&a)?;
     let reps = if a.quick { 1 } else { a.reps.max(1) };
     let total = a.total_kb.unwrap_or(if a.quick { 300 } else { 3_000 }) * 1000;

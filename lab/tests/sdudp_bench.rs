@@ -61,9 +61,8 @@ fn quick_bench_writes_every_cell_delivered_exactly_with_counters() {
         // Four inter-switch links, counted both ways; each carries at least
         // the payload, and the mean is their total over four.
         assert!(num(r, "bytes_per_switch") >= payload, "{r:?}");
-        assert_eq!(
-            num(r, "link_bytes"),
-            num(r, "bytes_per_switch") * 4.0,
+        assert!(
+            (num(r, "link_bytes") / 4.0 - num(r, "bytes_per_switch")).abs() <= 0.1,
             "{r:?}"
         );
         assert!(num(r, "frames_per_switch") > 0.0, "{r:?}");

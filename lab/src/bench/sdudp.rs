@@ -749,7 +749,11 @@ pub fn summary(cells: &Csv, reps: usize, total: usize, took: Duration) -> String
     // Table 2.
     s += "\n## Host-to-host loss (Table 2)\n\nComputed `1-(1-p)^links`; measured: the product of the links' measured delivery rates, host A → host B (SDUDP lines).\n\n";
     let mut rows = Vec::new();
-    for r in cells.rows.iter().filter(|r| r[0] == "sdudp" && r[7] == "A") {
+    for r in cells
+        .rows
+        .iter()
+        .filter(|r| r[0] == "sdudp" && r[5] == "all" && r[6] == "true" && r[7] == "A")
+    {
         rows.push(vec![
             r[1].clone(),
             format!("{} ms", r[2]),

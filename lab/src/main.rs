@@ -108,6 +108,10 @@ enum Bench {
     /// Time from OVS's new connection to the first OpenFlow message delivered,
     /// in RTTs: quic with and without 0-RTT, tcp, tls.
     Reconnect(quicsdn_lab::bench::reconnect::ReconnectArgs),
+    /// SDUDP against TCP over a line of real OVS switches (the SDUDP paper's
+    /// Figs. 7–11 and Table 2): load per switch, host-to-host loss,
+    /// accumulation, engine subsets, time at 10 Mbit/s.
+    Sdudp(quicsdn_lab::bench::sdudp::SdudpBenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -249,6 +253,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(Bench::Tuning(a)) => quicsdn_lab::bench::tuning::run(a)?,
         Command::Bench(Bench::Migration(a)) => quicsdn_lab::bench::migration::run(a)?,
         Command::Bench(Bench::Reconnect(a)) => quicsdn_lab::bench::reconnect::run(a)?,
+        Command::Bench(Bench::Sdudp(a)) => quicsdn_lab::bench::sdudp::run(a)?,
         Command::Emulate(a) => emulator::cli::emulate(a)?,
         Command::Demo(a) => quicsdn_lab::demo::run(a)?,
         Command::Model(a) => quicsdn_lab::bench::modelcmd::run(a)?,

@@ -16,6 +16,8 @@
 //!   OpenFlow message after a reconnect.
 //! * [`stall`], [`soak`]: issue 17's bounded memory under a stalled peer, and
 //!   the fault soak with a message audit (real OVS, os-ken, the agents).
+//! * [`sdudp`]: the SDUDP paper's §IV (Figs. 7–11, Table 2), SDUDP against
+//!   TCP over a line of real OVS switches.
 //! * [`storm`]: a controller-agent restart under hundreds of switches
 //!   (reconnect storm, handshake admission control).
 //!
@@ -37,6 +39,7 @@ pub mod proxy;
 pub mod reconnect;
 pub mod relay;
 pub mod report;
+pub mod sdudp;
 pub mod soak;
 pub mod stall;
 pub mod storm;

@@ -1,0 +1,928 @@
+//! `quicsdn-lab bench sdudp`: the SDUDP paper's evaluation (§IV), SDUDP
+//! against TCP over the same line of real Open vSwitch switches.
+//!
+//! Every configuration is a fresh `quicsdn-lab up --topology line` (with or
+//! without `--sdudp`); host A (first switch) sends a file set over one real
+//! TCP connection to a server on host B (last switch), which answers the byte
+//! count and an FNV-1a-64 hash of what it read; the sender checks both
+//! (byte-exact delivery). The loads are the emulated links' own counters
+//! between the switches (both directions, every frame offered to a link), not
+//! estimates:
+//!
+//! * `load` — Figs. 7–8: bytes and frames per switch (the mean over the
+//!   inter-switch links), 5–13 switches, 20 ms, loss 0–1 %, file sets A–E;
+//!   and Table 2: host-to-host loss, computed `1-(1-p)^(links)` and measured
+//!   (the product of the links' measured delivery rates, host A to host B);
+//! * `delay` — Fig. 9: 1 ms against 20 ms per link, 9 switches;
+//! * `accumulation` — Fig. 10: SDUDP frames with and without accumulation,
+//!   5 switches;
+//! * `engines` — §IV-E: retransmission engines on all, odd, or 1,5,9 of 9
+//!   switches, file set D, 1 % loss;
+//! * `time` — Fig. 11: the time to send file sets A and C at 10 Mbit/s per
+//!   link, 9 switches, 1 and 20 ms, 1 % loss.
+//!
+//! Configurations shared by several experiments run once. Results: `runs.csv`
+//! (one row per run), `cells.csv` (mean and 95 % confidence interval per
+//! cell), `summary.md` (each experiment beside the paper and issue 15's
+//! targets, met or missed).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::bench::out::{self, Csv, md_table};
+use crate::emulator::control::Accounting;
+use crate::emulator::sys::in_netns;
+use crate::state::{LabState, SdudpSettings, Topology};
+use crate::topology::{self, LabConfig};
+
+/// The paper's file sets: name, file size (bytes); each run carries
+/// `--total-kb` (3,000 KB as the paper) in files of that size.
+pub const SETS: [(&str, usize); 5] = [
+    ("A", 500),
+    ("B", 1_000),
+    ("C", 10_000),
+    ("D", 100_000),
+    ("E", 1_000_000),
+];
+
+pub const KINDS: [&str; 5] = ["load", "delay", "accumulation", "engines", "time"];
+
+/// The server on host B listens here (inside host B's namespace).
+const SERVER_PORT: u16 = 8080;
+
+pub const RUNS_HEADER: &[&str] = &[
+    "transport",
+    "switches",
+    "delay_ms",
+    "loss_percent",
+    "rate_mbit",
+    "engines",
+    "accumulate",
+    "set",
+    "rep",
+    "files",
+    "file_bytes",
+    "delivered_exact",
+    "seconds",
+    "link_frames",
+    "link_bytes",
+    "frames_per_switch",
+    "bytes_per_switch",
+    "lost_frames",
+    "h2h_loss_computed",
+    "h2h_loss_measured",
+    "engine_retransmitted",
+];
+
+pub const CELLS_HEADER: &[&str] = &[
+    "transport",
+    "switches",
+    "delay_ms",
+    "loss_percent",
+    "rate_mbit",
+    "engines",
+    "accumulate",
+    "set",
+    "reps",
+    "all_exact",
+    "frames_per_switch",
+    "frames_ci95",
+    "bytes_per_switch",
+    "bytes_ci95",
+    "seconds",
+    "seconds_ci95",
+    "h2h_loss_computed",
+    "h2h_loss_measured",
+    "engine_retransmitted",
+];
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SdudpBenchArgs {
+    /// Output directory.
+    #[arg(long, default_value = "bench-results/sdudp")]
+    pub out: PathBuf,
+    /// One small cell of each experiment (5 switches, 1 % loss, 300 KB per run).
+    #[arg(long)]
+    pub quick: bool,
+    /// Experiments, comma-separated: load, delay, accumulation, engines, time.
+    #[arg(long, default_value = "load,delay,accumulation,engines,time")]
+    pub kinds: String,
+    /// Repetitions per cell (the paper: 10).
+    #[arg(long, default_value_t = 10)]
+    pub reps: usize,
+    /// Only these line lengths (load), comma-separated.
+    #[arg(long)]
+    pub switches: Option<String>,
+    /// Only these loss rates per link (%), comma-separated.
+    #[arg(long)]
+    pub loss: Option<String>,
+    /// Only these file sets, comma-separated (A–E).
+    #[arg(long)]
+    pub sets: Option<String>,
+    /// Only these link delays (ms), comma-separated.
+    #[arg(long)]
+    pub delays: Option<String>,
+    /// Bytes per run (KB); the paper: 3,000.
+    #[arg(long)]
+    pub total_kb: Option<usize>,
+    /// Name prefix of the labs (at most 10 characters).
+    #[arg(long, default_value = "sdudpb")]
+    pub prefix: String,
+    /// Measure nothing: rewrite cells.csv and summary.md from OUT/runs.csv
+    /// (e.g. of a grid that was stopped part way).
+    #[arg(long)]
+    pub summarize: bool,
+}
+
+/// One lab configuration.
+#[derive(Debug, Clone, PartialEq, PartialOrd)]
+pub struct Config {
+    pub sdudp: bool,
+    pub switches: u32,
+    pub delay_ms: u64,
+    pub loss_percent: f64,
+    pub rate_mbit: u64,
+    /// `all`, `odd` or a list (`1;5;9` in the CSV).
+    pub engines: String,
+    pub accumulate: bool,
+}
+
+impl Config {
+    fn tcp(switches: u32, delay_ms: u64, loss_percent: f64) -> Config {
+        Config {
+            sdudp: false,
+            switches,
+            delay_ms,
+            loss_percent,
+            rate_mbit: 0,
+            engines: "-".into(),
+            accumulate: false,
+        }
+    }
+    fn sdudp(switches: u32, delay_ms: u64, loss_percent: f64) -> Config {
+        Config {
+            sdudp: true,
+            engines: "all".into(),
+            accumulate: true,
+            ..Config::tcp(switches, delay_ms, loss_percent)
+        }
+    }
+    fn transport(&self) -> &'static str {
+        if self.sdudp { "sdudp" } else { "tcp" }
+    }
+    fn key(&self) -> Vec<String> {
+        vec![
+            self.transport().into(),
+            self.switches.to_string(),
+            self.delay_ms.to_string(),
+            self.loss_percent.to_string(),
+            self.rate_mbit.to_string(),
+            self.engines.replace(',', ";"),
+            self.accumulate.to_string(),
+        ]
+    }
+    fn lab(&self, prefix: &str) -> Result<LabConfig> {
+        let mut cfg = LabConfig::new(prefix);
+        let s = &mut cfg.settings;
+        s.switches = self.switches;
+        s.hosts_per_switch = 1;
+        s.topology = Topology::Line;
+        s.link.delay = (self.delay_ms > 0).then(|| Duration::from_millis(self.delay_ms));
+        s.link.loss_percent = (self.loss_percent > 0.0).then_some(self.loss_percent);
+        s.link.rate_bps = (self.rate_mbit > 0).then_some(self.rate_mbit * 1_000_000);
+        if self.sdudp {
+            s.sdudp = Some(SdudpSettings {
+                engines: SdudpSettings::parse_engines(&self.engines, self.switches)?,
+                accumulate: self.accumulate,
+            });
+        }
+        Ok(cfg)
+    }
+}
+
+fn list<T: std::str::FromStr + Clone>(
+    s: &Option<String>,
+    default: &[T],
+    what: &str,
+) -> Result<Vec<T>> {
+    match s {
+        None => Ok(default.to_vec()),
+        Some(s) => s
+            .split(',')
+            .map(|x| {
+                x.trim()
+                    .trim_end_matches('%')
+                    .parse()
+                    .map_err(|_| anyhow::anyhow!("--{what}: {x:?} is not a valid value"))
+            })
+            .collect(),
+    }
+}
+
+/// The grid: every configuration with the file sets it runs.
+pub fn grid(a: &SdudpBenchArgs) -> Result<Vec<(Config, Vec<&'static str>)>> {
+    let kinds: Vec<&str> = a.kinds.split(',').map(str::trim).collect();
+    if let Some(k) = kinds.iter().find(|k| !KINDS.contains(k)) {
+        bail!(
+            "--kinds: unknown experiment {k:?} (one of {})",
+            KINDS.join(", ")
+        );
+    }
+    let all_sets: Vec<&'static str> = SETS.iter().map(|s| s.0).collect();
+    let sets: Vec<&'static str> = match &a.sets {
+        None => all_sets.clone(),
+        Some(s) => s
+            .split(',')
+            .map(|x| {
+                all_sets
+                    .iter()
+                    .copied()
+                    .find(|n| n.eq_ignore_ascii_case(x.trim()))
+                    .ok_or_else(|| anyhow::anyhow!("--sets: unknown file set {x:?} (A–E)"))
+            })
+            .collect::<Result<_>>()?,
+    };
+    let pick = |want: &[&'static str]| -> Vec<&'static str> {
+        want.iter().copied().filter(|s| sets.contains(s)).collect()
+    };
+    let (switches, losses, delays): (Vec<u32>, Vec<f64>, Vec<u64>) = if a.quick {
+        (vec![5], vec![1.0], vec![1, 20])
+    } else {
+        (
+            list(&a.switches, &[5, 7, 9, 11, 13], "switches")?,
+            list(&a.loss, &[0.0, 0.25, 0.5, 0.75, 1.0], "loss")?,
+            list(&a.delays, &[1, 20], "delays")?,
+        )
+    };
+    if let Some(n) = switches.iter().find(|n| !(5..=13).contains(*n)) {
+        bail!("--switches: {n} is outside 5–13");
+    }
+    let mut g: Vec<(Config, Vec<&'static str>)> = Vec::new();
+    let quick = a.quick;
+    let mut add = |mut c: Config, s: Vec<&'static str>| {
+        if s.is_empty() {
+            return;
+        }
+        // Quick: every line at 10 Mbit/s, so that the time cell shares the
+        // load cell's lines (five labs in all).
+        if quick {
+            c.rate_mbit = 10;
+        }
+        match g.iter_mut().find(|(x, _)| *x == c) {
+            Some((_, have)) => {
+                for x in s {
+                    if !have.contains(&x) {
+                        have.push(x);
+                    }
+                }
+                have.sort();
+            }
+            None => g.push((c, s)),
+        }
+    };
+    // Quick: the 5-switch, 1 ms, 1 % line stands in for every experiment's
+    // line; each experiment adds its own variable.
+    let (n9, n5) = if a.quick { (5, 5) } else { (9, 5) };
+    for k in &kinds {
+        match *k {
+            "load" => {
+                let d = if a.quick { 1 } else { 20 };
+                for &n in &switches {
+                    for &p in &losses {
+                        let s = if a.quick { pick(&["A"]) } else { sets.clone() };
+                        add(Config::tcp(n, d, p), s.clone());
+                        add(Config::sdudp(n, d, p), s);
+                    }
+                }
+            }
+            "delay" => {
+                for &d in &delays {
+                    for &p in &losses {
+                        let s = if a.quick { pick(&["A"]) } else { sets.clone() };
+                        add(Config::sdudp(n9, d, p), s.clone());
+                        if !a.quick {
+                            add(Config::tcp(n9, d, p), s);
+                        }
+                    }
+                }
+            }
+            "accumulation" => {
+                for &p in &losses {
+                    let s = if a.quick { pick(&["A"]) } else { sets.clone() };
+                    add(Config::sdudp(n5, 1, p), s.clone());
+                    add(
+                        Config {
+                            accumulate: false,
+                            ..Config::sdudp(n5, 1, p)
+                        },
+                        s,
+                    );
+                }
+            }
+            "engines" => {
+                let specs: &[&str] = if a.quick {
+                    &["all", "odd"]
+                } else {
+                    &["all", "odd", "1,5,9"]
+                };
+                for e in specs {
+                    add(
+                        Config {
+                            engines: (*e).into(),
+                            ..Config::sdudp(n9, 1, 1.0)
+                        },
+                        pick(&["D"]),
+                    );
+                }
+            }
+            "time" => {
+                let ds: &[u64] = if a.quick { &[1] } else { &[1, 20] };
+                for &d in ds {
+                    let s = pick(if a.quick { &["A"] } else { &["A", "C"] });
+                    for mut c in [Config::tcp(n9, d, 1.0), Config::sdudp(n9, d, 1.0)] {
+                        c.rate_mbit = 10;
+                        add(c, s.clone());
+                    }
+                }
+            }
+            _ => unreachable!(),
+        }
+    }
+    Ok(g)
+}
+
+/// Host B's server for one connection: reads to EOF, answers the length and
+/// hash. Returns once listening; the thread ends after the connection or
+/// `deadline`.
+fn serve_one(netns: &str, deadline: Duration) -> Result<std::thread::JoinHandle<()>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let ns = netns.to_string();
+    let h = std::thread::spawn(move || {
+        let r = (|| -> std::io::Result<TcpListener> {
+            crate::emulator::sys::enter_netns(&ns)?;
+            let l = TcpListener::bind(("0.0.0.0", SERVER_PORT))?;
+            l.set_nonblocking(true)?;
+            Ok(l)
+        })();
+        let l = match r {
+            Ok(l) => {
+                let _ = tx.send(Ok(()));
+                l
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        };
+        let end = Instant::now() + deadline;
+        while Instant::now() < end {
+            match l.accept() {
+                Ok((mut s, _)) => {
+                    let _ = s.set_nonblocking(false);
+                    let _ = s.set_read_timeout(Some(deadline));
+                    let mut got = Vec::new();
+                    if s.read_to_end(&mut got).is_ok() {
+                        let mut reply = (got.len() as u64).to_be_bytes().to_vec();
+                        reply.extend_from_slice(&fnv(FNV0, &got).to_be_bytes());
+                        let _ = s.write_all(&reply);
+                    }
+                    return;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    });
+    rx.recv()
+        .context("server thread")?
+        .with_context(|| format!("server in {netns}"))?;
+    Ok(h)
+}
+
+fn fnv(h: u64, data: &[u8]) -> u64 {
+    data.iter()
+        .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+const FNV0: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Host A's sender: `count` files of `size` bytes written one by one on one
+/// connection; true if host B's answer matches what was sent.
+fn send_set(dst: &str, count: usize, size: usize, seed: u8, timeout: Duration) -> Result<bool> {
+    let addr = format!("{dst}:{SERVER_PORT}").parse()?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).context("connect")?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    let mut h = FNV0;
+    for f in 0..count {
+        let file: Vec<u8> = (0..size)
+            .map(|i| (i as u8) ^ (f as u8).wrapping_mul(seed))
+            .collect();
+        h = fnv(h, &file);
+        s.write_all(&file).context("write")?;
+    }
+    s.shutdown(Shutdown::Write)?;
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply).context("reading the answer")?;
+    let mut want = ((count * size) as u64).to_be_bytes().to_vec();
+    want.extend_from_slice(&h.to_be_bytes());
+    Ok(reply == want)
+}
+
+/// One run's measurements.
+struct Run {
+    files: usize,
+    file_bytes: usize,
+    exact: bool,
+    seconds: f64,
+    frames: u64,
+    bytes: u64,
+    lost: u64,
+    h2h_measured: f64,
+    retransmitted: u64,
+}
+
+fn run_once(lab: &LabState, set: &str, total: usize, rep: usize) -> Result<Run> {
+    let size = SETS.iter().find(|s| s.0 == set).expect("set").1;
+    let files = (total / size).max(1);
+    let (a, b) = (
+        lab.hosts.first().context("no host")?,
+        lab.hosts.last().context("no host")?,
+    );
+    let links: Vec<_> = lab
+        .data_links
+        .iter()
+        .map(|l| l.emulated.clone().context("a data link is not emulated"))
+        .collect::<Result<_>>()?;
+    let before: u64 = engine_retransmitted(lab);
+    for l in &links {
+        l.control().reset_counters()?;
+    }
+    let timeout = Duration::from_secs(600);
+    let server = serve_one(&b.netns, timeout)?;
+    let dst = b.ip.clone();
+    let t = Instant::now();
+    let exact = in_netns(&a.netns, move || {
+        send_set(&dst, files, size, 7 + rep as u8, timeout)
+    })??;
+    let seconds = t.elapsed().as_secs_f64();
+    let _ = server.join();
+    // The last releases and acknowledgements settle before the counters are read.
+    std::thread::sleep(Duration::from_millis(300));
+    let (mut frames, mut bytes, mut lost, mut delivered) = (0, 0, 0, 1.0);
+    for l in &links {
+        let r = l.control().show()?.report(&Accounting::default());
+        for d in [&r.a_to_b, &r.b_to_a] {
+            frames += d.total.offered.frames;
+            bytes += d.total.offered.bytes;
+            lost += d.total.lost.frames;
+        }
+        let t = &r.a_to_b.total;
+        if t.offered.frames > 0 {
+            delivered *= 1.0 - t.lost.frames as f64 / t.offered.frames as f64;
+        }
+    }
+    Ok(Run {
+        files,
+        file_bytes: size,
+        exact,
+        seconds,
+        frames,
+        bytes,
+        lost,
+        h2h_measured: 1.0 - delivered,
+        retransmitted: engine_retransmitted(lab).saturating_sub(before),
+    })
+}
+
+/// The engines' retransmissions so far (their stats files), summed.
+fn engine_retransmitted(lab: &LabState) -> u64 {
+    lab.engines
+        .iter()
+        .filter_map(|e| std::fs::read(&e.stats).ok())
+        .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .filter_map(|v| v["engine"]["retransmitted"].as_u64())
+        .sum()
+}
+
+/// Mean and 95 % confidence half-width (Student's t).
+pub fn mean_ci(x: &[f64]) -> (f64, f64) {
+    let n = x.len();
+    if n == 0 {
+        return (f64::NAN, f64::NAN);
+    }
+    let m = x.iter().sum::<f64>() / n as f64;
+    if n < 2 {
+        return (m, 0.0);
+    }
+    let var = x.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (n - 1) as f64;
+    const T: [f64; 10] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    ];
+    let t = T.get(n - 2).copied().unwrap_or(1.96);
+    (m, t * (var / n as f64).sqrt())
+}
+
+pub fn run(a: SdudpBenchArgs) -> Result<()> {
+    if a.summarize {
+        let runs = Csv::read(&a.out.join("runs.csv"), RUNS_HEADER)?;
+        let reps = runs
+            .rows
+            .iter()
+            .filter_map(|r| r[8].parse::<usize>().ok())
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let total = runs.rows.first().map_or(0, |r| {
+            r[9].parse::<usize>().unwrap_or(0) * r[10].parse::<usize>().unwrap_or(0)
+        });
+        let cells = aggregate(&runs);
+        cells.write(&a.out.join("cells.csv"))?;
+        std::fs::write(
+            a.out.join("summary.md"),
+            summary(&cells, reps, total, Duration::ZERO),
+        )?;
+        println!("wrote {}", a.out.display());
+        return Ok(());
+    }
+    let g = grid(&a)?;
+    let reps = if a.quick { 1 } else { a.reps.max(1) };
+    let total = a.total_kb.unwrap_or(if a.quick { 300 } else { 3_000 }) * 1000;
+    std::fs::create_dir_all(&a.out)?;
+    let mut runs = Csv::new(RUNS_HEADER);
+    let started = Instant::now();
+    let cells: usize = g.iter().map(|(_, s)| s.len()).sum();
+    println!(
+        "{} lab configurations, {cells} cells, {reps} repetitions, {} KB per run",
+        g.len(),
+        total / 1000
+    );
+    for (c, sets) in &g {
+        let cfg = c.lab(&a.prefix)?;
+        let _ = topology::down(&cfg.run_dir, &cfg.prefix);
+        println!("== {}", c.key().join(" "));
+        let lab = topology::up(&cfg)
+            .with_context(|| format!("lab up: {}", c.key().join(" ")))?
+            .state;
+        let r = (|| -> Result<()> {
+            let computed = 1.0 - (1.0 - c.loss_percent / 100.0).powi(lab.data_links.len() as i32);
+            for set in sets {
+                for rep in 0..reps {
+                    let r = run_once(&lab, set, total, rep)
+                        .with_context(|| format!("{} set {set} rep {rep}", c.key().join(" ")))?;
+                    let links = lab.data_links.len().max(1) as f64;
+                    println!(
+                        "   set {set} rep {rep}: {} × {} B exact={} {:.2} s, {:.0} frames and {} per switch, {} lost, {} retransmitted",
+                        r.files,
+                        r.file_bytes,
+                        r.exact,
+                        r.seconds,
+                        r.frames as f64 / links,
+                        out::bytes(r.bytes as f64 / links),
+                        r.lost,
+                        r.retransmitted
+                    );
+                    let mut row = c.key();
+                    row.extend([
+                        (*set).to_string(),
+                        rep.to_string(),
+                        r.files.to_string(),
+                        r.file_bytes.to_string(),
+                        r.exact.to_string(),
+                        format!("{:.3}", r.seconds),
+                        r.frames.to_string(),
+                        r.bytes.to_string(),
+                        format!("{:.1}", r.frames as f64 / links),
+                        format!("{:.1}", r.bytes as f64 / links),
+                        r.lost.to_string(),
+                        format!("{computed:.5}"),
+                        format!("{:.5}", r.h2h_measured),
+                        r.retransmitted.to_string(),
+                    ]);
+                    runs.push(row);
+                }
+            }
+            Ok(())
+        })();
+        topology::down(&cfg.run_dir, &cfg.prefix)?;
+        r?;
+        // Written after every configuration: a long grid keeps what it measured.
+        runs.write(&a.out.join("runs.csv"))?;
+    }
+    let cells = aggregate(&runs);
+    cells.write(&a.out.join("cells.csv"))?;
+    std::fs::write(
+        a.out.join("summary.md"),
+        summary(&cells, reps, total, started.elapsed()),
+    )?;
+    println!("wrote {}", a.out.display());
+    if runs
+        .rows
+        .iter()
+        .any(|r| r[runs.col("delivered_exact")] != "true")
+    {
+        bail!("a file set did not arrive byte-exact (runs.csv)");
+    }
+    Ok(())
+}
+
+/// Per cell (configuration × file set): means and 95 % intervals over the reps.
+pub fn aggregate(runs: &Csv) -> Csv {
+    let mut by: BTreeMap<Vec<String>, Vec<&Vec<String>>> = BTreeMap::new();
+    for r in &runs.rows {
+        by.entry(r[..8].to_vec()).or_default().push(r);
+    }
+    let mut cells = Csv::new(CELLS_HEADER);
+    for (k, rs) in by {
+        let col = |name: &str| -> Vec<f64> {
+            let i = runs.col(name);
+            rs.iter().filter_map(|r| r[i].parse().ok()).collect()
+        };
+        let (f, fci) = mean_ci(&col("frames_per_switch"));
+        let (b, bci) = mean_ci(&col("bytes_per_switch"));
+        let (s, sci) = mean_ci(&col("seconds"));
+        let (hm, _) = mean_ci(&col("h2h_loss_measured"));
+        let (rt, _) = mean_ci(&col("engine_retransmitted"));
+        let exact = rs.iter().all(|r| r[runs.col("delivered_exact")] == "true");
+        let mut row = k.clone();
+        row.extend([
+            rs.len().to_string(),
+            exact.to_string(),
+            format!("{f:.1}"),
+            format!("{fci:.1}"),
+            format!("{b:.1}"),
+            format!("{bci:.1}"),
+            format!("{s:.3}"),
+            format!("{sci:.3}"),
+            rs[0][runs.col("h2h_loss_computed")].clone(),
+            format!("{hm:.5}"),
+            format!("{rt:.1}"),
+        ]);
+        cells.push(row);
+    }
+    cells
+}
+
+fn met(ok: bool) -> String {
+    if ok {
+        "met".into()
+    } else {
+        "**missed**".into()
+    }
+}
+
+/// The summary: each experiment's table, SDUDP beside TCP and the targets.
+pub fn summary(cells: &Csv, reps: usize, total: usize, took: Duration) -> String {
+    let c = |name: &str| cells.col(name);
+    let get = |r: &Vec<String>, name: &str| -> f64 { r[c(name)].parse().unwrap_or(f64::NAN) };
+    let find = |pred: &dyn Fn(&Vec<String>) -> bool| cells.rows.iter().find(|r| pred(r));
+    let same_line =
+        |r: &Vec<String>, t: &str, x: &Vec<String>| x[0] == t && x[1..5] == r[1..5] && x[7] == r[7];
+    let rate = |r: &Vec<String>| {
+        if r[4] == "0" {
+            "-".to_string()
+        } else {
+            format!("{} Mbit/s", r[4])
+        }
+    };
+    let mut s = format!(
+        "# SDUDP against TCP over a line of real Open vSwitch switches (paper `sdudp`, §IV)\n\n\
+         {reps} repetition(s) per cell, {} KB per run; ± is the 95 % confidence half-width. \
+         Loads are the emulated inter-switch links' counters (both directions, frames offered \
+         to the link), averaged over the links (≈ per switch). Took {:.0} s.\n\n{}\n",
+        total / 1000,
+        took.as_secs_f64(),
+        out::provenance()
+    );
+    // Figs. 7–8 (and Fig. 9's lines): SDUDP (accumulating, all engines, no
+    // rate limit) against TCP on the same line.
+    s += "## Load per switch, SDUDP against TCP (Figs. 7–9)\n\nTarget: SDUDP below TCP in bytes and packets per switch in every cell.\n\n";
+    let mut rows = Vec::new();
+    for r in &cells.rows {
+        if r[0] != "sdudp" || r[5] != "all" || r[6] != "true" {
+            continue;
+        }
+        let Some(t) = find(&|x| same_line(r, "tcp", x)) else {
+            continue;
+        };
+        let (fs, ft) = (get(r, "frames_per_switch"), get(t, "frames_per_switch"));
+        let (bs, bt) = (get(r, "bytes_per_switch"), get(t, "bytes_per_switch"));
+        rows.push(vec![
+            r[1].clone(),
+            format!("{} ms", r[2]),
+            format!("{} %", r[3]),
+            rate(r),
+            r[7].clone(),
+            format!("{fs:.0} ± {:.0}", get(r, "frames_ci95")),
+            format!("{ft:.0} ± {:.0}", get(t, "frames_ci95")),
+            out::pct_change(fs, ft),
+            met(fs < ft),
+            format!("{} ± {}", out::bytes(bs), out::bytes(get(r, "bytes_ci95"))),
+            format!("{} ± {}", out::bytes(bt), out::bytes(get(t, "bytes_ci95"))),
+            out::pct_change(bs, bt),
+            met(bs < bt),
+            format!("{}/{}", r[c("all_exact")], t[c("all_exact")]),
+        ]);
+    }
+    s += &md_table(
+        &[
+            "switches",
+            "delay",
+            "loss",
+            "rate",
+            "set",
+            "SDUDP frames",
+            "TCP frames",
+            "Δ",
+            "frames",
+            "SDUDP bytes",
+            "TCP bytes",
+            "Δ",
+            "bytes",
+            "exact",
+        ],
+        &rows,
+    );
+    // Table 2.
+    s += "\n## Host-to-host loss (Table 2)\n\nComputed `1-(1-p)^links`; measured: the product of the links' measured delivery rates, host A → host B (SDUDP lines).\n\n";
+    let mut rows = Vec::new();
+    for r in cells
+        .rows
+        .iter()
+        .filter(|r| r[0] == "sdudp" && r[5] == "all" && r[6] == "true" && r[7] == "A")
+    {
+        rows.push(vec![
+            r[1].clone(),
+            format!("{} ms", r[2]),
+            format!("{} %", r[3]),
+            format!("{:.2} %", get(r, "h2h_loss_computed") * 100.0),
+            format!("{:.2} %", get(r, "h2h_loss_measured") * 100.0),
+        ]);
+    }
+    s += &md_table(
+        &["switches", "delay", "loss per link", "computed", "measured"],
+        &rows,
+    );
+    // Fig. 10.
+    s += "\n## Accumulation (Fig. 10)\n\nTarget: accumulation saves ≥ 20 % of packets for file set A (the paper: > 20 % for 0.5 KB, 11–14 % for larger).\n\n";
+    let mut rows = Vec::new();
+    for r in cells
+        .rows
+        .iter()
+        .filter(|r| r[0] == "sdudp" && r[6] == "false")
+    {
+        let Some(on) =
+            find(&|x| x[0] == "sdudp" && x[1..6] == r[1..6] && x[6] == "true" && x[7] == r[7])
+        else {
+            continue;
+        };
+        let (off, on) = (get(r, "frames_per_switch"), get(on, "frames_per_switch"));
+        let saved = 1.0 - on / off;
+        rows.push(vec![
+            r[1].clone(),
+            format!("{} %", r[3]),
+            r[7].clone(),
+            format!("{off:.0}"),
+            format!("{on:.0}"),
+            format!("{:.1} %", saved * 100.0),
+            if r[7] == "A" {
+                met(saved >= 0.20)
+            } else {
+                "-".into()
+            },
+        ]);
+    }
+    s += &md_table(
+        &[
+            "switches",
+            "loss",
+            "set",
+            "frames without",
+            "frames with",
+            "saved",
+            "target (A)",
+        ],
+        &rows,
+    );
+    // §IV-E.
+    s += "\n## Engine subsets (§IV-E)\n\nThe paper: +1.1–1.3 % load with fewer engines.\n\n";
+    let mut rows = Vec::new();
+    for r in cells
+        .rows
+        .iter()
+        .filter(|r| r[0] == "sdudp" && r[5] != "all")
+    {
+        let Some(all) =
+            find(&|x| x[0] == "sdudp" && x[1..5] == r[1..5] && x[5] == "all" && x[6..8] == r[6..8])
+        else {
+            continue;
+        };
+        rows.push(vec![
+            r[1].clone(),
+            r[5].replace(';', ","),
+            r[7].clone(),
+            format!("{:.0}", get(all, "frames_per_switch")),
+            format!("{:.0}", get(r, "frames_per_switch")),
+            out::pct_change(get(r, "frames_per_switch"), get(all, "frames_per_switch")),
+            out::pct_change(get(r, "bytes_per_switch"), get(all, "bytes_per_switch")),
+            format!("{:.0}", get(r, "engine_retransmitted")),
+        ]);
+    }
+    s += &md_table(
+        &[
+            "switches",
+            "engines",
+            "set",
+            "frames (all)",
+            "frames",
+            "Δ frames",
+            "Δ bytes",
+            "retransmitted",
+        ],
+        &rows,
+    );
+    // Fig. 11.
+    s += "\n## Time to send at 10 Mbit/s (Fig. 11)\n\nTarget: SDUDP ≤ 0.5× TCP at 20 ms and 1 % loss.\n\n";
+    let mut rows = Vec::new();
+    for r in cells.rows.iter().filter(|r| r[0] == "sdudp" && r[4] != "0") {
+        let Some(t) = find(&|x| same_line(r, "tcp", x)) else {
+            continue;
+        };
+        let (ts, tt) = (get(r, "seconds"), get(t, "seconds"));
+        let target = if r[2] == "20" && r[3] == "1" {
+            met(ts <= 0.5 * tt)
+        } else {
+            "-".into()
+        };
+        rows.push(vec![
+            r[1].clone(),
+            format!("{} ms", r[2]),
+            format!("{} %", r[3]),
+            r[7].clone(),
+            format!("{ts:.2} ± {:.2} s", get(r, "seconds_ci95")),
+            format!("{tt:.2} ± {:.2} s", get(t, "seconds_ci95")),
+            format!("{:.2}", ts / tt),
+            target,
+        ]);
+    }
+    s += &md_table(
+        &[
+            "switches", "delay", "loss", "set", "SDUDP", "TCP", "ratio", "target",
+        ],
+        &rows,
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: SdudpBenchArgs,
+    }
+
+    #[test]
+    fn the_quick_grid_has_one_cell_of_each_kind_and_shares_lines() {
+        let a = Cli::parse_from(["x", "--quick"]).a;
+        let g = grid(&a).unwrap();
+        let keys: Vec<String> = g
+            .iter()
+            .map(|(c, s)| format!("{} {}", c.key().join(" "), s.join("")))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "tcp 5 1 1 10 - false A",
+                "sdudp 5 1 1 10 all true AD",
+                "sdudp 5 20 1 10 all true A",
+                "sdudp 5 1 1 10 all false A",
+                "sdudp 5 1 1 10 odd true D",
+            ]
+        );
+        let full = grid(&Cli::parse_from(["x"]).a).unwrap();
+        // load: 5 lengths × 5 losses × 2 (50); delay: 9 switches at 1 ms × 5
+        // losses × 2 (10, 20 ms shared with load); accumulation: 5 switches at
+        // 1 ms, on and off × 5 (10); engines: all, odd, 1,5,9 (2; all at 1 %
+        // shared with delay); time: 2 delays × 2 (4).
+        assert_eq!(full.len(), 50 + 10 + 10 + 2 + 4);
+        assert!(full.iter().all(|(_, s)| !s.is_empty()));
+        assert!(grid(&Cli::parse_from(["x", "--kinds", "nope"]).a).is_err());
+        assert!(grid(&Cli::parse_from(["x", "--switches", "3"]).a).is_err());
+        assert!(grid(&Cli::parse_from(["x", "--sets", "F"]).a).is_err());
+    }
+
+    #[test]
+    fn confidence_intervals() {
+        let (m, ci) = mean_ci(&[1.0, 2.0, 3.0]);
+        assert_eq!(m, 2.0);
+        assert!((ci - 4.303 * (1.0f64 / 3.0).sqrt()).abs() < 1e-9);
+        assert_eq!(mean_ci(&[5.0]), (5.0, 0.0));
+    }
+}

@@ -13,8 +13,9 @@
 //! Faults, on a schedule (the injection log is in the output): loss bursts
 //! (10 to 30 %) and a 10 s outage of the control link, `kill -9` of the switch
 //! agent and of the controller agent (started again at once, as a supervisor
-//! would), a restart of the controller and of `ovs-vswitchd`, and a NAT
-//! rebinding.
+//! would), a restart of the controller and of `ovs-vswitchd`, a NAT
+//! rebinding, and a certificate reload (the switch agent's certificate and key
+//! replaced, then SIGHUP: the session must carry on).
 //!
 //! **The audit** compares both ends of the path the agents are responsible for:
 //! what Open vSwitch sent and received on its controller connection (its own
@@ -87,9 +88,10 @@ pub enum FaultKind {
     ControllerRestart,
     OvsRestart,
     NatRebind,
+    CertReload,
 }
 
-pub const FAULT_KINDS: [FaultKind; 7] = [
+pub const FAULT_KINDS: [FaultKind; 8] = [
     FaultKind::LossBurst,
     FaultKind::LinkDown,
     FaultKind::KillSwitchAgent,
@@ -97,6 +99,7 @@ pub const FAULT_KINDS: [FaultKind; 7] = [
     FaultKind::ControllerRestart,
     FaultKind::OvsRestart,
     FaultKind::NatRebind,
+    FaultKind::CertReload,
 ];
 
 impl FaultKind {
@@ -109,6 +112,7 @@ impl FaultKind {
             FaultKind::ControllerRestart => "controller restart",
             FaultKind::OvsRestart => "OVS restart",
             FaultKind::NatRebind => "NAT rebinding",
+            FaultKind::CertReload => "certificate reload",
         }
     }
 }
@@ -748,8 +752,64 @@ impl Soak<'_> {
                 self.bed.nat_rebind_switch(port)?;
                 format!("the NAT's mappings are dropped; new ones from port {port}")
             }
+            FaultKind::CertReload => self.reload_switch_certificate()?,
         };
         Ok((detail, start, realtime_ns()))
+    }
+}
+
+impl Soak<'_> {
+    /// Replaces the switch agent's certificate and key (a new serial from the
+    /// lab's CA, each file renamed over the old one) and sends SIGHUP; done
+    /// when the agent logs that new handshakes present the new certificate.
+    /// The established connection must carry on: the audit sees any reset.
+    fn reload_switch_certificate(&mut self) -> Result<String> {
+        use quicsdn_transport::pki;
+        let dir = self.bed.dir.join("pki");
+        let (cert_file, key_file) = pki::cert_paths(&dir, "sw1");
+        let (cert, key) = pki::issue_pem(&dir, "sw1", &[], pki::Validity::days(825))
+            .context("issuing the switch's new certificate")?;
+        let log = self.bed.switch_agent_log(0);
+        let reloads = |text: &str| {
+            text.matches("new handshakes present certificate serial")
+                .count()
+        };
+        let before = reloads(&std::fs::read_to_string(&log).unwrap_or_default());
+        for (path, pem) in [(&key_file, &key), (&cert_file, &cert)] {
+            let tmp = path.with_extension("new");
+            std::fs::write(&tmp, pem).with_context(|| format!("writing {}", tmp.display()))?;
+            std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
+        }
+        let agent = self.bed.agent_proc(AgentRole::Switch, 0)?;
+        let pid = agent.pid;
+        agent.hangup();
+        let line = crate::wait::poll_until(
+            "the switch agent to use its new certificate",
+            Duration::from_secs(10),
+            || {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                if let Some(refused) = text
+                    .lines()
+                    .find(|l| l.contains("refused the new certificate files"))
+                {
+                    bail!("the switch agent refused its new certificate: {refused}");
+                }
+                Ok((reloads(&text) > before).then(|| {
+                    text.lines()
+                        .rfind(|l| l.contains("new handshakes present certificate serial"))
+                        .unwrap_or_default()
+                        .to_string()
+                }))
+            },
+        )?;
+        let serial = line
+            .split("certificate serial ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or("?");
+        Ok(format!(
+            "new switch certificate and key, SIGHUP to pid {pid}; new handshakes present serial {serial}"
+        ))
     }
 }
 

@@ -62,6 +62,28 @@ pub struct Snoop {
     pub subscription: crate::tap::Subscription,
 }
 
+impl Snoop {
+    /// Subscribes to `switch`'s messages of the service `wanted` names (or
+    /// the only one configured); the error lists the choices.
+    pub fn attach(
+        taps: &Arc<crate::tap::Taps>,
+        services: &crate::services::ServiceTable,
+        switch: String,
+        wanted: Option<&str>,
+        follow: bool,
+    ) -> Result<Snoop, String> {
+        let names: Vec<String> = services.iter().map(|s| s.name.clone()).collect();
+        let service = pick("service", wanted, &names)?;
+        let framing = services.get(&service).expect("picked").framing;
+        Ok(Snoop {
+            subscription: taps.subscribe(&switch, &service, follow),
+            switch,
+            service,
+            framing: framing.name(),
+        })
+    }
+}
+
 /// Picks the one of `names` that `wanted` names, or the only one there is.
 pub fn pick(what: &str, wanted: Option<&str>, names: &[String]) -> Result<String, String> {
     let list = || {

@@ -369,15 +369,13 @@ impl control::Handler for Control {
         let inner = &self.0;
         let picked = control::pick("switch", switch.as_deref(), &[inner.identity.to_string()])
             .and_then(|switch| {
-                let names: Vec<String> = inner.services.iter().map(|s| s.name.clone()).collect();
-                let service = control::pick("service", service.as_deref(), &names)?;
-                let framing = inner.services.get(&service).expect("picked").framing;
-                Ok(control::Snoop {
-                    subscription: inner.taps.subscribe(&switch, &service, follow),
+                control::Snoop::attach(
+                    &inner.taps,
+                    &inner.services,
                     switch,
-                    service,
-                    framing: framing.name(),
-                })
+                    service.as_deref(),
+                    follow,
+                )
             });
         Box::pin(async move { picked })
     }

@@ -21,13 +21,25 @@
 //! | `udp_reassembly` | two associations over a lossy, reordering, duplicating network: robust delivers every message once, in order, or fails visibly | (structure-aware) |
 //! | `emulator_classify` | the lab emulator's frame classifier | the lab's hosts and agents |
 //! | `emulator_nat` | the lab emulator's NAT: checksums stay valid, replies map back | the lab's hosts and agents |
+//! | `snoop_decode` | `quicsdn snoop`'s OpenFlow and JSON-RPC summaries (`wire::decode`) | OVS, controllers |
+//! | `proxy_header` | the proxy's stream header | a proxy client |
+//! | `sdudp_msg` | SDUDP's numbered-datagram and hop control messages | hosts and engines on the path |
+//! | `sdudp_ipv4` | SDUDP's IPv4/UDP decoder: what parses rebuilds to the same | hosts and engines on the path |
+//! | `sdudp_frame` | an SDUDP engine's frame classifier and SYN parser | hosts and engines on the path |
 
 pub mod fields;
 pub mod framing;
 pub mod lanes;
 pub mod preamble;
+pub mod sdudp;
 pub mod seeds;
+pub mod snoop;
 pub mod udp;
+
+#[cfg(feature = "proxy")]
+pub mod proxy;
+#[cfg(feature = "sdudp-engine")]
+pub mod sdudp_engine;
 
 #[cfg(feature = "lab")]
 pub mod emulator;
@@ -85,6 +97,33 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "udp_reassembly",
         run: udp::udp_reassembly,
+        lab: false,
+    },
+    Target {
+        name: "snoop_decode",
+        run: snoop::snoop_decode,
+        lab: false,
+    },
+    #[cfg(feature = "proxy")]
+    Target {
+        name: "proxy_header",
+        run: proxy::proxy_header,
+        lab: false,
+    },
+    Target {
+        name: "sdudp_msg",
+        run: sdudp::sdudp_msg,
+        lab: false,
+    },
+    Target {
+        name: "sdudp_ipv4",
+        run: sdudp::sdudp_ipv4,
+        lab: false,
+    },
+    #[cfg(feature = "sdudp-engine")]
+    Target {
+        name: "sdudp_frame",
+        run: sdudp_engine::sdudp_frame,
         lab: false,
     },
     #[cfg(feature = "lab")]

@@ -221,5 +221,136 @@ pub fn seeds(osken: Option<&Path>) -> Vec<(&'static str, Vec<u8>)> {
     for chunk in openflow.chunks(16) {
         out.push(("lanes_roundtrip", chunk.concat()));
     }
+
+    // What `quicsdn snoop` prints: every real OpenFlow message, and JSON-RPC.
+    for m in &openflow {
+        out.push(("snoop_decode", m.clone()));
+    }
+    for j in JSONRPC {
+        out.push(("snoop_decode", j.as_bytes().to_vec()));
+    }
+    out.push((
+        "snoop_decode",
+        quicsdn_wire::openflow::build::echo_request(7, b"soak"),
+    ));
+    #[cfg(feature = "proxy")]
+    for name in ["openflow", "web-1.x", "ovsdb"] {
+        let mut h = quicsdn_proxy::header::encode(name);
+        h.extend_from_slice(b"GET / HTTP/1.1\r\n");
+        out.push(("proxy_header", h));
+    }
+    sdudp_seeds(&mut out, &frames);
     out
+}
+
+/// SDUDP: every message and control message type, as bare messages, as
+/// IPv4/UDP datagrams (byte 0: repair the header checksum) and as frames.
+fn sdudp_seeds(out: &mut Vec<(&'static str, Vec<u8>)>, frames: &[Vec<u8>]) {
+    use quicsdn_sdudp::ipv4::{self, UdpHeader};
+    use quicsdn_sdudp::msg::RefuseReason;
+    use quicsdn_sdudp::{Control, Direction, FailReason, FlowKey, Message, TcpOptions};
+    use std::net::{Ipv4Addr, SocketAddrV4};
+
+    let flow = FlowKey {
+        src: Ipv4Addr::new(10, 0, 1, 254),
+        dst: Ipv4Addr::new(10, 0, 5, 254),
+        sport: 49_160,
+        dport: 49_161,
+    };
+    let options = TcpOptions {
+        mss: 1460,
+        wscale: Some(7),
+        sack_permitted: true,
+        timestamps: true,
+    };
+    let client = SocketAddrV4::new(Ipv4Addr::new(10, 0, 1, 1), 40_000);
+    let server = SocketAddrV4::new(Ipv4Addr::new(10, 0, 5, 1), 80);
+    let messages = [
+        Message::Data(bytes::Bytes::from_static(b"GET / HTTP/1.1\r\n\r\n")),
+        Message::Open {
+            client,
+            server,
+            client_mac: [2, 0, 0, 0, 1, 1],
+            options,
+        },
+        Message::Accept {
+            server_mac: [2, 0, 0, 0, 5, 1],
+            options,
+        },
+        Message::Refuse(RefuseReason::Refused),
+        Message::Refuse(RefuseReason::Unreachable),
+        Message::Fin,
+        Message::Reset,
+    ];
+    let controls = [
+        Control::Feedback {
+            flow,
+            cum: 17,
+            limit: 81,
+            missing: vec![(20, 3), (30, 1)],
+        },
+        Control::Probe { flow, next: 65_535 },
+        Control::Fail {
+            flow,
+            toward: Direction::Upstream,
+            reason: FailReason::NoRoom,
+        },
+    ];
+    for (i, m) in messages.iter().enumerate() {
+        let m = m.encode();
+        out.push(("sdudp_msg", m.to_vec()));
+        let mut d = vec![0];
+        d.extend(ipv4::build(&UdpHeader::for_flow(flow, i as u16), &m));
+        out.push(("sdudp_ipv4", d));
+    }
+    for c in &controls {
+        out.push(("sdudp_msg", c.encode().to_vec()));
+    }
+    #[cfg(feature = "sdudp-engine")]
+    {
+        use quicsdn_sdudp_engine::frame::{self, Mac};
+        let (a, b) = (Mac([2, 0, 0, 0, 0, 0xfe]), Mac([2, 0, 0, 0, 0, 0xfd]));
+        let mut push = |f: Vec<u8>| {
+            let mut s = vec![0];
+            s.extend(f);
+            out.push(("sdudp_frame", s));
+        };
+        for (i, m) in messages.iter().enumerate() {
+            push(frame::data_frame(
+                a,
+                b,
+                flow,
+                65_530u16.wrapping_add(i as u16),
+                &m.encode(),
+            ));
+        }
+        for c in &controls {
+            push(frame::control_frame(
+                (a, flow.dst),
+                (b, flow.src),
+                49_151,
+                c,
+            ));
+        }
+        // A SYN as Linux sends it (MSS, SACK permitted, timestamps, window
+        // scale), checksum repaired by the target (byte 0 = 1).
+        let mut syn = vec![1, 2, 0, 0, 0, 0, 0xfe, 2, 0, 0, 0, 0, 1, 0x08, 0x00];
+        syn.extend([
+            0x45, 0, 0, 60, 0, 1, 0x40, 0, 64, 6, 0, 0, 10, 0, 1, 1, 10, 0, 5, 1,
+        ]);
+        syn.extend([0x9c, 0x40, 0, 80, 0x12, 0x34, 0x56, 0x78]);
+        syn.extend([0, 0, 0, 0, 0xa0, 0x02, 0xfa, 0xf0, 0, 0, 0, 0]);
+        syn.extend([
+            2, 4, 0x05, 0xb4, 4, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0, 1, 3, 3, 7,
+        ]);
+        out.push(("sdudp_frame", syn));
+        // Real frames (ARP, ICMP, TCP, UDP) from os-ken's captures.
+        for f in frames {
+            let mut s = vec![0];
+            s.extend_from_slice(f);
+            out.push(("sdudp_frame", s));
+        }
+    }
+    #[cfg(not(feature = "sdudp-engine"))]
+    let _ = frames;
 }

@@ -44,6 +44,8 @@ pub enum Variant {
     TcpBbr,
     QuicBbr,
     QuicCubic,
+    /// The proxy's default, `bbr-lt` (quicsdn_transport::loss_tolerant_bbr).
+    QuicBbrLt,
 }
 
 impl Variant {
@@ -53,17 +55,22 @@ impl Variant {
             Variant::TcpBbr => "tcp-bbr",
             Variant::QuicBbr => "quic-bbr",
             Variant::QuicCubic => "quic-cubic",
+            Variant::QuicBbrLt => "quic-bbr-lt",
         }
     }
 
     fn is_quic(self) -> bool {
-        matches!(self, Variant::QuicBbr | Variant::QuicCubic)
+        matches!(
+            self,
+            Variant::QuicBbr | Variant::QuicCubic | Variant::QuicBbrLt
+        )
     }
 
     fn congestion(self) -> &'static str {
         match self {
             Variant::TcpCubic | Variant::QuicCubic => "cubic",
             Variant::TcpBbr | Variant::QuicBbr => "bbr",
+            Variant::QuicBbrLt => "bbr-lt",
         }
     }
 }

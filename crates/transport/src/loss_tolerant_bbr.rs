@@ -277,7 +277,9 @@ impl LossTolerantBbr {
         if self.mode == Mode::Startup {
             // Like slow start, the window grows by what was delivered, up to
             // the draft's STARTUP cwnd_gain (2/ln 2) x BDP.
-            let cap = self.bdp().map_or(u64::MAX, |b| (b as f64 * HIGH_GAIN) as u64);
+            let cap = self
+                .bdp()
+                .map_or(u64::MAX, |b| (b as f64 * HIGH_GAIN) as u64);
             self.cwnd = (self.cwnd + bytes).min(cap.max(self.cwnd));
         }
     }
@@ -666,7 +668,11 @@ mod tests {
                 f.cc.on_ack(now, sent, mtu, false);
                 f.delivered += mtu;
                 // RFC 9002 §6.1.1: kPacketThreshold = 3.
-                let lost: Vec<u64> = f.sent.range(..pn.saturating_sub(2)).map(|(&p, _)| p).collect();
+                let lost: Vec<u64> = f
+                    .sent
+                    .range(..pn.saturating_sub(2))
+                    .map(|(&p, _)| p)
+                    .collect();
                 for p in &lost {
                     f.sent.remove(p);
                 }
@@ -701,27 +707,62 @@ mod tests {
 
     #[test]
     fn fills_a_lossless_link_without_a_standing_queue() {
-        let o = run(vec![cfg(DEFAULT_MAX_CREDITED_LOSS)], 20.0, 100, 0.0, 1000, 20);
-        assert!(o.goodput[0] > 0.9 * o.link_rate, "{}", o.goodput[0] / o.link_rate);
+        let o = run(
+            vec![cfg(DEFAULT_MAX_CREDITED_LOSS)],
+            20.0,
+            100,
+            0.0,
+            1000,
+            20,
+        );
+        assert!(
+            o.goodput[0] > 0.9 * o.link_rate,
+            "{}",
+            o.goodput[0] / o.link_rate
+        );
         assert_eq!(o.queue_drops, 0);
-        assert!(o.mean_queue_delay < Duration::from_millis(40), "{:?}", o.mean_queue_delay);
-        assert!(matches!(o.flows[0].mode(), Mode::ProbeBw { .. } | Mode::ProbeRtt { .. }));
+        assert!(
+            o.mean_queue_delay < Duration::from_millis(40),
+            "{:?}",
+            o.mean_queue_delay
+        );
+        assert!(matches!(
+            o.flows[0].mode(),
+            Mode::ProbeBw { .. } | Mode::ProbeRtt { .. }
+        ));
     }
 
     #[test]
     fn keeps_sending_at_the_link_rate_through_random_loss() {
         for loss in [0.05, 0.2, 0.3] {
-            let o = run(vec![cfg(DEFAULT_MAX_CREDITED_LOSS)], 20.0, 100, loss, 1000, 20);
+            let o = run(
+                vec![cfg(DEFAULT_MAX_CREDITED_LOSS)],
+                20.0,
+                100,
+                loss,
+                1000,
+                20,
+            );
             // The lost frames used the link too: at best (1 - loss) of it arrives.
             let share = o.goodput[0] / (o.link_rate * (1.0 - loss));
-            assert!(share > 0.8, "loss {loss}: {share:.2} of the possible goodput");
+            assert!(
+                share > 0.8,
+                "loss {loss}: {share:.2} of the possible goodput"
+            );
             assert!(o.flows[0].credited_loss() > 0.0, "loss {loss}");
         }
     }
 
     #[test]
     fn without_credit_it_is_bbr_v1_and_falls_behind_above_20_percent() {
-        let with = run(vec![cfg(DEFAULT_MAX_CREDITED_LOSS)], 20.0, 100, 0.3, 1000, 20);
+        let with = run(
+            vec![cfg(DEFAULT_MAX_CREDITED_LOSS)],
+            20.0,
+            100,
+            0.3,
+            1000,
+            20,
+        );
         let without = run(vec![cfg(0.0)], 20.0, 100, 0.3, 1000, 20);
         assert!(
             with.goodput[0] > 1.15 * without.goodput[0],
@@ -754,15 +795,28 @@ mod tests {
         assert!(
             drop_rate < 0.1,
             "{drop_rate:.3} of packets dropped at the queue; credit {} bw {} delivered {} link {} mode {:?} window {} min_rtt {:?}",
-            c.credited_loss(), c.bandwidth(), c.delivery_rate(), o.link_rate, c.mode(), c.window(), c.min_rtt()
+            c.credited_loss(),
+            c.bandwidth(),
+            c.delivery_rate(),
+            o.link_rate,
+            c.mode(),
+            c.window(),
+            c.min_rtt()
         );
-        assert!(o.goodput[0] > 0.85 * o.link_rate, "{}", o.goodput[0] / o.link_rate);
+        assert!(
+            o.goodput[0] > 0.85 * o.link_rate,
+            "{}",
+            o.goodput[0] / o.link_rate
+        );
     }
 
     #[test]
     fn two_flows_share_a_lossy_link() {
         let o = run(
-            vec![cfg(DEFAULT_MAX_CREDITED_LOSS), cfg(DEFAULT_MAX_CREDITED_LOSS)],
+            vec![
+                cfg(DEFAULT_MAX_CREDITED_LOSS),
+                cfg(DEFAULT_MAX_CREDITED_LOSS),
+            ],
             20.0,
             60,
             0.1,
@@ -775,7 +829,11 @@ mod tests {
             assert!(*g > 0.25 * total, "{:?}", o.goodput);
         }
         // Two flows' probes do not pile up a queue of seconds.
-        assert!(o.mean_queue_delay < Duration::from_millis(150), "{:?}", o.mean_queue_delay);
+        assert!(
+            o.mean_queue_delay < Duration::from_millis(150),
+            "{:?}",
+            o.mean_queue_delay
+        );
     }
 
     #[test]

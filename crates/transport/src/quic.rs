@@ -114,7 +114,6 @@ pub enum Congestion {
     BbrLt,
 }
 
-
 impl std::str::FromStr for Congestion {
     type Err = String;
 

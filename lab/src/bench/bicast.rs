@@ -342,8 +342,14 @@ fn start_servers(lab: &mut Multihomed, variant: Variant, www: &Path) -> Result<V
     let srv = lab.server_ns();
     let mut procs = Vec::new();
     let mut c = srv.command("python3");
+    // The server's TCP (to the proxy on loopback, for QUIC) takes a
+    // kernel controller; bbr-lt is the proxies' own.
+    let tcp_congestion = match variant.congestion() {
+        "bbr-lt" => "bbr",
+        c => c,
+    };
     c.arg(&script)
-        .arg(variant.congestion())
+        .arg(tcp_congestion)
         .arg("0.0.0.0")
         .arg(HTTP_PORT.to_string())
         .arg(www);

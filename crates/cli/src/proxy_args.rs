@@ -233,7 +233,7 @@ mod tests {
         let s = server(&a, "").unwrap();
         assert_eq!(s.listen.to_string(), "0.0.0.0:4433");
         assert_eq!(s.forwards[0].target.to_string(), "tcp:127.0.0.1:80");
-        assert_eq!(s.quic.congestion, Congestion::BbrLt);
+        assert_eq!(s.quic.congestion, Congestion::Bbr);
         assert!(!s.quic.zero_rtt);
         assert_eq!(s.quic.stream_window, 4 << 20);
         let mut a = vec![

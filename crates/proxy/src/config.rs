@@ -151,9 +151,6 @@ pub fn default_quic() -> QuicOptions {
         zero_rtt: false,
         stream_window: DEFAULT_STREAM_WINDOW,
         ack_frequency: None,
-        // Loss-tolerant BBR: see `quicsdn_transport::loss_tolerant_bbr` and
-        // docs/proxy.md for the measurements and the fairness trade-off.
-        congestion: quicsdn_transport::quic::Congestion::BbrLt,
         // No OVS echo to keep a proxied connection busy: half the grace period
         // (the agents' keepalive is tuned to OVS's echo cycle).
         keepalive: quicsdn_transport::quic::keepalive_for(QuicOptions::default().idle_timeout),

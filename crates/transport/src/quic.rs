@@ -109,8 +109,8 @@ pub enum Congestion {
     Bbr,
     /// BBR's model without quinn's BBR's loss reactions, crediting random
     /// loss up to 25 % to its bandwidth estimate
-    /// ([`crate::loss_tolerant_bbr`]). The proxy's default; the agents keep
-    /// `bbr`.
+    /// ([`crate::loss_tolerant_bbr`]). Experimental: not the default of
+    /// anything, see docs/proxy.md for why.
     BbrLt,
 }
 

@@ -231,7 +231,7 @@ impl LossTolerantBbr {
 
     fn bdp_at(&self, bw: u64) -> Option<u64> {
         let rtt = self.min_rtt?;
-        (bw > 0).then(|| (bw as f64 * rtt.as_secs_f64()) as u64)
+        (bw > 0).then_some((bw as f64 * rtt.as_secs_f64()) as u64)
     }
 
     /// The window quinn may have in flight.

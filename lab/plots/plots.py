@@ -315,7 +315,7 @@ def bicast(d):
     data = rows(os.path.join(d, "bicast.csv"))
     fig, ax = plt.subplots(figsize=(7, 4.2))
     colors = {"tcp-cubic": "#d62728", "tcp-bbr": "#ff7f0e", "quic-bbr": "#1f77b4",
-              "quic-cubic": "#2ca02c"}
+              "quic-cubic": "#2ca02c", "quic-bbr-lt": "#9467bd"}
     for v in order(r["variant"] for r in data):
         for m in order(r["mode"] for r in data):
             pts, outs = [], []

@@ -253,7 +253,8 @@ pub struct QuicArgs {
     /// the agents, 4M for the proxy]
     #[arg(long, value_name = "BYTES")]
     pub stream_window: Option<String>,
-    /// Congestion controller: bbr, cubic or newreno. [default: bbr]
+    /// Congestion controller: bbr, cubic, newreno, or bbr-lt (loss-tolerant,
+    /// experimental). [default: bbr]
     #[arg(long, value_name = "NAME")]
     pub congestion: Option<String>,
     /// How often to check --ca, --cert and --key for a new version (their

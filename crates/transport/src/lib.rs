@@ -8,6 +8,7 @@
 //!   importing `ovs-pki`'s); [`rotation`] —
 //!   reading them again on SIGHUP and when they change on disk.
 //! * [`quic`] — quinn endpoints with quicsdn's transport settings;
+//!   [`loss_tolerant_bbr`] — a loss-tolerant congestion controller (`bbr-lt`, experimental);
 //!   [`resumption`] — the server's TLS session store behind 0-RTT;
 //!   [`keylog`] — TLS secrets for Wireshark (`SSLKEYLOGFILE`, `snoop --keylog`).
 //! * [`backoff`] — OVS-like reconnect backoff with jitter (pure);
@@ -17,6 +18,7 @@ pub mod backoff;
 pub mod identity;
 pub mod keylog;
 pub mod local;
+pub mod loss_tolerant_bbr;
 pub mod ovs_pki;
 pub mod pki;
 pub mod quic;

@@ -107,6 +107,11 @@ pub enum Congestion {
     /// (docs/streams.md, "Congestion control").
     #[default]
     Bbr,
+    /// BBR's model without quinn's BBR's loss reactions, crediting random
+    /// loss up to 25 % to its bandwidth estimate
+    /// ([`crate::loss_tolerant_bbr`]). Experimental: not the default of
+    /// anything, see docs/proxy.md for why.
+    BbrLt,
 }
 
 impl std::str::FromStr for Congestion {
@@ -117,8 +122,9 @@ impl std::str::FromStr for Congestion {
             "cubic" => Ok(Congestion::Cubic),
             "newreno" => Ok(Congestion::NewReno),
             "bbr" => Ok(Congestion::Bbr),
+            "bbr-lt" => Ok(Congestion::BbrLt),
             _ => Err(format!(
-                "unknown congestion controller {s:?}: use cubic, newreno or bbr"
+                "unknown congestion controller {s:?}: use cubic, newreno, bbr or bbr-lt"
             )),
         }
     }
@@ -234,6 +240,9 @@ pub fn transport_config(opts: &QuicOptions) -> Result<TransportConfig, TlsError>
                 as Arc<dyn quinn::congestion::ControllerFactory + Send + Sync>,
             Congestion::NewReno => Arc::new(quinn::congestion::NewRenoConfig::default()),
             Congestion::Bbr => Arc::new(quinn::congestion::BbrConfig::default()),
+            Congestion::BbrLt => {
+                Arc::new(crate::loss_tolerant_bbr::LossTolerantBbrConfig::default())
+            }
         })
         .keep_alive_interval(Some(opts.keepalive))
         .max_idle_timeout(Some(

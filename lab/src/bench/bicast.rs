@@ -44,6 +44,8 @@ pub enum Variant {
     TcpBbr,
     QuicBbr,
     QuicCubic,
+    /// The proxy's default, `bbr-lt` (quicsdn_transport::loss_tolerant_bbr).
+    QuicBbrLt,
 }
 
 impl Variant {
@@ -53,17 +55,22 @@ impl Variant {
             Variant::TcpBbr => "tcp-bbr",
             Variant::QuicBbr => "quic-bbr",
             Variant::QuicCubic => "quic-cubic",
+            Variant::QuicBbrLt => "quic-bbr-lt",
         }
     }
 
     fn is_quic(self) -> bool {
-        matches!(self, Variant::QuicBbr | Variant::QuicCubic)
+        matches!(
+            self,
+            Variant::QuicBbr | Variant::QuicCubic | Variant::QuicBbrLt
+        )
     }
 
     fn congestion(self) -> &'static str {
         match self {
             Variant::TcpCubic | Variant::QuicCubic => "cubic",
             Variant::TcpBbr | Variant::QuicBbr => "bbr",
+            Variant::QuicBbrLt => "bbr-lt",
         }
     }
 }
@@ -335,8 +342,14 @@ fn start_servers(lab: &mut Multihomed, variant: Variant, www: &Path) -> Result<V
     let srv = lab.server_ns();
     let mut procs = Vec::new();
     let mut c = srv.command("python3");
+    // The server's TCP (to the proxy on loopback, for QUIC) takes a
+    // kernel controller; bbr-lt is the proxies' own.
+    let tcp_congestion = match variant.congestion() {
+        "bbr-lt" => "bbr",
+        c => c,
+    };
     c.arg(&script)
-        .arg(variant.congestion())
+        .arg(tcp_congestion)
         .arg("0.0.0.0")
         .arg(HTTP_PORT.to_string())
         .arg(www);

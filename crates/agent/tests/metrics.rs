@@ -231,3 +231,87 @@ async fn coalescing_releases_are_recorded_in_the_histograms() {
     assert!(held > 0.0 && held <= 2.0 * window.as_secs_f64(), "{held}");
     setup.shutdown().await;
 }
+
+/// Metric names in the Grafana dashboard (`docs/grafana/quicsdn.json`): every
+/// `quicsdn_…` and `process_…` identifier in its queries and texts.
+fn dashboard_metric_names() -> std::collections::BTreeSet<String> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/grafana/quicsdn.json"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    fn strings<'a>(v: &'a serde_json::Value, out: &mut Vec<&'a str>) {
+        match v {
+            serde_json::Value::String(s) => out.push(s),
+            serde_json::Value::Array(a) => a.iter().for_each(|v| strings(v, out)),
+            serde_json::Value::Object(o) => o.values().for_each(|v| strings(v, out)),
+            _ => {}
+        }
+    }
+    let mut texts = Vec::new();
+    strings(&json, &mut texts);
+    texts
+        .iter()
+        .flat_map(|t| t.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')))
+        .filter(|w| w.starts_with("quicsdn_") || w.starts_with("process_"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The sample names a scrape can hold, from its `# TYPE` lines (a family
+/// that has no series yet still declares itself) and its samples, with the
+/// suffixes OpenMetrics gives each type.
+fn served_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(t) = line.strip_prefix("# TYPE ") {
+            let (family, kind) = t.split_once(' ').unwrap();
+            let suffixes: &[&str] = match kind {
+                "counter" => &["_total", "_created"],
+                "histogram" => &["_bucket", "_sum", "_count", "_created"],
+                "info" => &["_info"],
+                _ => &[""],
+            };
+            names.extend(suffixes.iter().map(|s| format!("{family}{s}")));
+        } else if !line.starts_with('#') {
+            let end = line.find(['{', ' ']).unwrap_or(line.len());
+            names.insert(line[..end].to_string());
+        }
+    }
+    names
+}
+
+/// The dashboard cannot rot: every metric it queries is served by a real
+/// agent (the switch agent's or the controller agent's scrape, over HTTP).
+#[tokio::test(flavor = "current_thread")]
+async fn every_metric_the_grafana_dashboard_uses_is_served() {
+    let setup = OneService::start("openflow", |c, s| {
+        c.common.metrics = Some("127.0.0.1:0".parse().unwrap());
+        s.common.metrics = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let (mut ovs, mut ctl) = setup.connect().await;
+    ovs.write_all(&build::hello(1)).await.unwrap();
+    read_exact_len(&mut ctl, build::hello(1).len()).await;
+    let mut served = std::collections::BTreeSet::new();
+    for addr in [
+        setup.agent.metrics_addr().unwrap(),
+        setup.controller.metrics_addr().unwrap(),
+    ] {
+        let (status, text) = get(addr, "/metrics").await;
+        assert_eq!(status, 200);
+        served.extend(served_names(&text));
+    }
+    let used = dashboard_metric_names();
+    assert!(
+        used.len() >= 15,
+        "the dashboard's names were not found: {used:?}"
+    );
+    let missing: Vec<_> = used.difference(&served).collect();
+    assert!(
+        missing.is_empty(),
+        "docs/grafana/quicsdn.json uses metrics no agent serves: {missing:?}\nserved: {served:?}"
+    );
+    setup.shutdown().await;
+}

@@ -1292,11 +1292,11 @@ pub fn status(run_dir: &Path, prefix: &str) -> Result<Option<LabStatus>> {
     // Every agent's scrape at once: each is a short thread of its own.
     let endpoint = |agent: &str| state.metrics.iter().find(|m| m.agent == agent);
     let (controller_agent, mut agents) = std::thread::scope(|scope| {
-        let ctl = endpoint("controller agent").map(|ep| scope.spawn(|| scrape_controller(ep)));
+        let ctl = endpoint("controller agent").map(|ep| scope.spawn(move || scrape_controller(ep)));
         let sws: Vec<_> = state
             .switches
             .iter()
-            .map(|sw| endpoint(&sw.name).map(|ep| scope.spawn(|| scrape_switch(ep, &sw.name))))
+            .map(|sw| endpoint(&sw.name).map(|ep| scope.spawn(move || scrape_switch(ep, &sw.name))))
             .collect();
         // A scrape reports its failures as data; it does not panic.
         fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {

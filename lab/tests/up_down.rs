@@ -91,7 +91,7 @@ fn up_twice_down_twice_leaves_nothing() {
     // status, text and JSON.
     let out = ok(p, &["status"]);
     assert!(out.contains(&format!("lab {p}: up")), "{out}");
-    assert_eq!(out.matches("connected yes").count(), 2, "{out}");
+    assert_eq!(out.matches(" connected yes flows").count(), 2, "{out}");
     let json: serde_json::Value = serde_json::from_str(&ok(p, &["status", "--json"])).unwrap();
     assert_eq!(json["complete"], true);
     assert_eq!(json["switches"].as_array().unwrap().len(), 2);

@@ -283,26 +283,62 @@ fn served_names(text: &str) -> std::collections::BTreeSet<String> {
 }
 
 /// The dashboard cannot rot: every metric it queries is served by a real
-/// agent (the switch agent's or the controller agent's scrape, over HTTP).
+/// agent (the switch agent's or the controller agent's scrape, over HTTP),
+/// after a workload that gives each family a series: traffic, a coalesced
+/// release, a certificate reload, a refused handshake and a disconnect.
 #[tokio::test(flavor = "current_thread")]
 async fn every_metric_the_grafana_dashboard_uses_is_served() {
     let setup = OneService::start("openflow", |c, s| {
         c.common.metrics = Some("127.0.0.1:0".parse().unwrap());
+        c.common.coalesce = Some(std::time::Duration::from_millis(200));
         s.common.metrics = Some("127.0.0.1:0".parse().unwrap());
     })
     .await;
+    let (sw_http, ctl_http) = (
+        setup.agent.metrics_addr().unwrap(),
+        setup.controller.metrics_addr().unwrap(),
+    );
     let (mut ovs, mut ctl) = setup.connect().await;
     ovs.write_all(&build::hello(1)).await.unwrap();
     read_exact_len(&mut ctl, build::hello(1).len()).await;
-    let mut served = std::collections::BTreeSet::new();
-    for addr in [
-        setup.agent.metrics_addr().unwrap(),
-        setup.controller.metrics_addr().unwrap(),
-    ] {
-        let (status, text) = get(addr, "/metrics").await;
-        assert_eq!(status, 200);
-        served.extend(served_names(&text));
+    // Two flow mods within the coalescing window: the second waits.
+    let flow_mod = |xid| build::flow_mod(xid, &FlowMod::add(10, vec![], vec![]));
+    for xid in [1, 2] {
+        ctl.write_all(&flow_mod(xid)).await.unwrap();
+        read_exact_len(&mut ovs, flow_mod(xid).len()).await;
     }
+    assert!(setup.agent.reload_credentials().await.is_some());
+    // A stranger's handshake, refused.
+    let stranger = Pki::new();
+    let mut tls = stranger.issue("intruder");
+    tls.ca = setup.pki.files("ctl").ca;
+    let mut cfg = switch_config(
+        tls,
+        setup.controller.local_addr().unwrap(),
+        &["openflow=ptcp:0".to_string()],
+    );
+    cfg.controllers[0].server_name = "ctl".into();
+    let intruder = quicsdn_agent::SwitchAgent::start(cfg).await.unwrap();
+    eventually(
+        ctl_http,
+        r#"quicsdn_handshake_refusals_total{reason="bad_certificate"}"#,
+        1.0,
+    )
+    .await;
+    intruder.shutdown().await;
+    let mut served = std::collections::BTreeSet::new();
+    let (status, text) = get(sw_http, "/metrics").await;
+    assert_eq!(status, 200);
+    served.extend(served_names(&text));
+    // The switch agent goes: the controller agent counts a disconnect.
+    setup.agent.shutdown().await;
+    let text = eventually(
+        ctl_http,
+        r#"quicsdn_disconnects_total{switch="sw1",reason="closed_by_peer"}"#,
+        1.0,
+    )
+    .await;
+    served.extend(served_names(&text));
     let used = dashboard_metric_names();
     assert!(
         used.len() >= 15,
@@ -313,5 +349,5 @@ async fn every_metric_the_grafana_dashboard_uses_is_served() {
         missing.is_empty(),
         "docs/grafana/quicsdn.json uses metrics no agent serves: {missing:?}\nserved: {served:?}"
     );
-    setup.shutdown().await;
+    setup.controller.shutdown().await;
 }

@@ -173,16 +173,7 @@ async fn metrics_count_what_crosses_and_healthz_follows_the_path() {
 
     // A switch whose certificate claims our CA (same name) but was signed by
     // another key is refused, and counted by reason under no switch label.
-    let stranger = Pki::new();
-    let mut tls = stranger.issue("intruder");
-    tls.ca = setup.pki.files("ctl").ca;
-    let mut cfg = switch_config(
-        tls,
-        setup.controller.local_addr().unwrap(),
-        &["openflow=ptcp:0".to_string()],
-    );
-    cfg.controllers[0].server_name = "ctl".into();
-    let intruder = quicsdn_agent::SwitchAgent::start(cfg).await.unwrap();
+    let intruder = start_intruder(&setup).await;
     let refused = r#"quicsdn_handshake_refusals_total{reason="bad_certificate"}"#;
 
     let text = eventually(ctl_http, refused, 1.0).await;
@@ -230,6 +221,21 @@ async fn coalescing_releases_are_recorded_in_the_histograms() {
     let held = sample(&text, &format!("quicsdn_coalesce_hold_seconds_sum{labels}"));
     assert!(held > 0.0 && held <= 2.0 * window.as_secs_f64(), "{held}");
     setup.shutdown().await;
+}
+
+/// A switch agent whose certificate claims the setup's CA (same name) but was
+/// signed by another key: the controller agent refuses its handshakes.
+async fn start_intruder(setup: &OneService) -> quicsdn_agent::SwitchAgent {
+    let stranger = Pki::new();
+    let mut tls = stranger.issue("intruder");
+    tls.ca = setup.pki.files("ctl").ca;
+    let mut cfg = switch_config(
+        tls,
+        setup.controller.local_addr().unwrap(),
+        &["openflow=ptcp:0".to_string()],
+    );
+    cfg.controllers[0].server_name = "ctl".into();
+    quicsdn_agent::SwitchAgent::start(cfg).await.unwrap()
 }
 
 /// Metric names in the Grafana dashboard (`docs/grafana/quicsdn.json`): every
@@ -309,16 +315,7 @@ async fn every_metric_the_grafana_dashboard_uses_is_served() {
     }
     assert!(setup.agent.reload_credentials().await.is_some());
     // A stranger's handshake, refused.
-    let stranger = Pki::new();
-    let mut tls = stranger.issue("intruder");
-    tls.ca = setup.pki.files("ctl").ca;
-    let mut cfg = switch_config(
-        tls,
-        setup.controller.local_addr().unwrap(),
-        &["openflow=ptcp:0".to_string()],
-    );
-    cfg.controllers[0].server_name = "ctl".into();
-    let intruder = quicsdn_agent::SwitchAgent::start(cfg).await.unwrap();
+    let intruder = start_intruder(&setup).await;
     eventually(
         ctl_http,
         r#"quicsdn_handshake_refusals_total{reason="bad_certificate"}"#,

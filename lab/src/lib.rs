@@ -27,6 +27,7 @@
 //!
 //! Everything here needs root.
 
+pub mod agent_metrics;
 pub mod agents;
 pub mod bench;
 pub mod cmd;

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+use crate::agent_metrics::MetricsEndpoint;
 use crate::control_link::{ControlLink, Impairment};
 use crate::controller::{ControllerKind, RunningController};
 use crate::emulator::link::LinkRecord;
@@ -222,6 +223,9 @@ pub struct LabState {
     /// one switch agent per switch.
     #[serde(default)]
     pub agents: Vec<ProcRecord>,
+    /// Where the `quic` agents serve their metrics (`agent_metrics`).
+    #[serde(default)]
+    pub metrics: Vec<MetricsEndpoint>,
     /// The lab's CA directory, for `tls` and `quic`.
     pub pki_dir: Option<PathBuf>,
     /// SDUDP engines (`--sdudp`), by switch.

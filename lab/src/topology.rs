@@ -29,6 +29,10 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Serialize;
 
+use crate::agent_metrics::{
+    ControllerAgentView, MetricsEndpoint, Scraped, SwitchAgentView, scrape_controller,
+    scrape_switch,
+};
 use crate::agents::{
     AgentTls, QUIC_PORT, lab_binary, openflow_socket, start_controller_agent, start_switch_agent,
 };
@@ -224,6 +228,9 @@ impl LabConfig {
         if !s.transport.uses_agents() && (s.streams.is_some() || !s.agent_args.is_empty()) {
             bail!("--streams and --agent-arg are settings of the quicsdn agents' transports");
         }
+        if s.transport == Transport::Quic {
+            crate::agent_metrics::metrics_option(&s.agent_args, 0).context("--agent-arg")?;
+        }
         if s.transport == Transport::Kcptun && s.openflow_port == KCP_OPENFLOW_PORT {
             bail!("the OpenFlow port must not be kcptun's UDP port {KCP_OPENFLOW_PORT}");
         }
@@ -333,6 +340,7 @@ pub fn up(cfg: &LabConfig) -> Result<UpOutcome> {
         control_links: Vec::new(),
         controller: None,
         agents: Vec::new(),
+        metrics: Vec::new(),
         pki_dir: None,
         engines: Vec::new(),
     };
@@ -559,12 +567,13 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
                 controller_ovsdb_socket(&dir, "{switch}").display()
             ));
         }
+        let args = with_metrics(store, state, &s, false, "controller agent", &ctl.name)?;
         let proc = start_controller_agent(
             &ctl,
             &format!("0.0.0.0:{QUIC_PORT}"),
             &tls,
             &services,
-            &agent_args(&s, false),
+            &args,
             &dir.join("ctl").join("quicsdn-controller.log"),
         )?;
         state.agents.push(proc);
@@ -604,13 +613,14 @@ fn build(cfg: &LabConfig, store: &StateStore, state: &mut LabState) -> Result<()
                 if s.ovsdb {
                     services.push(format!("ovsdb=tcp:127.0.0.1:{OVSDB_PORT}"));
                 }
+                let args = with_metrics(store, state, &s, true, &format!("sw{i}"), &ovs.netns)?;
                 let proc = start_switch_agent(
                     &Netns::named(&ovs.netns),
                     &format!("{ctl_addr}:{QUIC_PORT}"),
                     "controller-agent",
                     &tls,
                     &services,
-                    &agent_args(&s, true),
+                    &args,
                     &ovs.dir.join("quicsdn-switch.log"),
                 )?;
                 state.agents.push(proc);
@@ -903,6 +913,35 @@ fn agent_args(s: &LabSettings, switch: bool) -> Vec<String> {
     v
 }
 
+/// [`agent_args`] plus `--metrics` for the QUIC agents (the `udp` ones have
+/// no metrics), whose endpoint is recorded for `status`.
+fn with_metrics(
+    store: &StateStore,
+    state: &mut LabState,
+    s: &LabSettings,
+    switch: bool,
+    agent: &str,
+    netns: &str,
+) -> Result<Vec<String>> {
+    let mut args = agent_args(s, switch);
+    if s.transport == Transport::Quic {
+        let port = if switch {
+            crate::agent_metrics::SWITCH_METRICS_PORT
+        } else {
+            crate::agent_metrics::CONTROLLER_METRICS_PORT
+        };
+        let (option, addr) = crate::agent_metrics::metrics_option(&args, port)?;
+        args.extend(option);
+        state.metrics.push(MetricsEndpoint {
+            agent: agent.to_string(),
+            netns: netns.to_string(),
+            addr,
+        });
+        store.save(state)?;
+    }
+    Ok(args)
+}
+
 /// kcptun's options: the lab's fixed key, no compression, quiet; its other defaults.
 fn kcptun_args(extra: &[String]) -> Vec<String> {
     let mut v = vec![
@@ -1166,6 +1205,9 @@ pub struct SwitchStatus {
     pub target: Option<String>,
     pub connected: Option<bool>,
     pub flows: Option<usize>,
+    /// `quic`: its switch agent's metrics (or why they could not be read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<Scraped<SwitchAgentView>>,
 }
 
 /// A live view of one control link.
@@ -1224,6 +1266,9 @@ pub struct LabStatus {
     pub dir: PathBuf,
     pub controller_running: Option<bool>,
     pub controller_listening: Option<bool>,
+    /// `quic`: the controller agent's metrics (or why they could not be read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub controller_agent: Option<Scraped<ControllerAgentView>>,
     pub switches: Vec<SwitchStatus>,
     pub control_links: Vec<ControlLinkStatus>,
     /// Every host's namespace and IPv4 address.
@@ -1244,12 +1289,32 @@ pub fn status(run_dir: &Path, prefix: &str) -> Result<Option<LabStatus>> {
         .controller
         .as_ref()
         .map(|c| Netns::exists(&ctl.name) && ctl.tcp_listening(c.port).unwrap_or(false));
+    // Every agent's scrape at once: each is a short thread of its own.
+    let endpoint = |agent: &str| state.metrics.iter().find(|m| m.agent == agent);
+    let (controller_agent, mut agents) = std::thread::scope(|scope| {
+        let ctl = endpoint("controller agent").map(|ep| scope.spawn(move || scrape_controller(ep)));
+        let sws: Vec<_> = state
+            .switches
+            .iter()
+            .map(|sw| endpoint(&sw.name).map(|ep| scope.spawn(move || scrape_switch(ep, &sw.name))))
+            .collect();
+        // A scrape reports its failures as data; it does not panic.
+        fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
+            h.join().expect("a scrape panicked")
+        }
+        (
+            ctl.map(join),
+            sws.into_iter().map(|h| h.map(join)).collect::<Vec<_>>(),
+        )
+    });
     let switches = state
         .switches
         .iter()
-        .map(|sw| {
+        .zip(agents.iter_mut())
+        .map(|(sw, agent)| {
             let ovs = sw.ovs.as_ref().filter(|o| o.is_alive());
             SwitchStatus {
+                agent: agent.take(),
                 name: sw.name.clone(),
                 netns: sw.netns.clone(),
                 ovs_running: ovs.is_some(),
@@ -1282,6 +1347,7 @@ pub fn status(run_dir: &Path, prefix: &str) -> Result<Option<LabStatus>> {
         dir: state.dir.clone(),
         controller_running,
         controller_listening,
+        controller_agent,
         switches,
         control_links,
         hosts: state
@@ -1398,6 +1464,9 @@ impl LabStatus {
                 if a.is_alive() { "yes" } else { "NO" }
             );
         }
+        if let Some(c) = &self.controller_agent {
+            o += &c.render();
+        }
         o += "switches:\n";
         for sw in &self.switches {
             o += &format!(
@@ -1411,6 +1480,9 @@ impl LabStatus {
                     .map(|n| n.to_string())
                     .unwrap_or_else(|| "-".into())
             );
+            if let Some(a) = &sw.agent {
+                o += &a.render();
+            }
         }
         o += "hosts:\n";
         for h in &self.state.hosts {

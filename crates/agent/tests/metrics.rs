@@ -173,16 +173,7 @@ async fn metrics_count_what_crosses_and_healthz_follows_the_path() {
 
     // A switch whose certificate claims our CA (same name) but was signed by
     // another key is refused, and counted by reason under no switch label.
-    let stranger = Pki::new();
-    let mut tls = stranger.issue("intruder");
-    tls.ca = setup.pki.files("ctl").ca;
-    let mut cfg = switch_config(
-        tls,
-        setup.controller.local_addr().unwrap(),
-        &["openflow=ptcp:0".to_string()],
-    );
-    cfg.controllers[0].server_name = "ctl".into();
-    let intruder = quicsdn_agent::SwitchAgent::start(cfg).await.unwrap();
+    let intruder = start_intruder(&setup).await;
     let refused = r#"quicsdn_handshake_refusals_total{reason="bad_certificate"}"#;
 
     let text = eventually(ctl_http, refused, 1.0).await;
@@ -230,4 +221,130 @@ async fn coalescing_releases_are_recorded_in_the_histograms() {
     let held = sample(&text, &format!("quicsdn_coalesce_hold_seconds_sum{labels}"));
     assert!(held > 0.0 && held <= 2.0 * window.as_secs_f64(), "{held}");
     setup.shutdown().await;
+}
+
+/// A switch agent whose certificate claims the setup's CA (same name) but was
+/// signed by another key: the controller agent refuses its handshakes.
+async fn start_intruder(setup: &OneService) -> quicsdn_agent::SwitchAgent {
+    let stranger = Pki::new();
+    let mut tls = stranger.issue("intruder");
+    tls.ca = setup.pki.files("ctl").ca;
+    let mut cfg = switch_config(
+        tls,
+        setup.controller.local_addr().unwrap(),
+        &["openflow=ptcp:0".to_string()],
+    );
+    cfg.controllers[0].server_name = "ctl".into();
+    quicsdn_agent::SwitchAgent::start(cfg).await.unwrap()
+}
+
+/// Metric names in the Grafana dashboard (`docs/grafana/quicsdn.json`): every
+/// `quicsdn_…` and `process_…` identifier in its queries and texts.
+fn dashboard_metric_names() -> std::collections::BTreeSet<String> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/grafana/quicsdn.json"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    fn strings<'a>(v: &'a serde_json::Value, out: &mut Vec<&'a str>) {
+        match v {
+            serde_json::Value::String(s) => out.push(s),
+            serde_json::Value::Array(a) => a.iter().for_each(|v| strings(v, out)),
+            serde_json::Value::Object(o) => o.values().for_each(|v| strings(v, out)),
+            _ => {}
+        }
+    }
+    let mut texts = Vec::new();
+    strings(&json, &mut texts);
+    texts
+        .iter()
+        .flat_map(|t| t.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')))
+        .filter(|w| w.starts_with("quicsdn_") || w.starts_with("process_"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The sample names a scrape can hold, from its `# TYPE` lines (a family
+/// that has no series yet still declares itself) and its samples, with the
+/// suffixes OpenMetrics gives each type.
+fn served_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(t) = line.strip_prefix("# TYPE ") {
+            let (family, kind) = t.split_once(' ').unwrap();
+            let suffixes: &[&str] = match kind {
+                "counter" => &["_total", "_created"],
+                "histogram" => &["_bucket", "_sum", "_count", "_created"],
+                "info" => &["_info"],
+                _ => &[""],
+            };
+            names.extend(suffixes.iter().map(|s| format!("{family}{s}")));
+        } else if !line.starts_with('#') {
+            let end = line.find(['{', ' ']).unwrap_or(line.len());
+            names.insert(line[..end].to_string());
+        }
+    }
+    names
+}
+
+/// The dashboard cannot rot: every metric it queries is served by a real
+/// agent (the switch agent's or the controller agent's scrape, over HTTP),
+/// after a workload that gives each family a series: traffic, a coalesced
+/// release, a certificate reload, a refused handshake and a disconnect.
+#[tokio::test(flavor = "current_thread")]
+async fn every_metric_the_grafana_dashboard_uses_is_served() {
+    let setup = OneService::start("openflow", |c, s| {
+        c.common.metrics = Some("127.0.0.1:0".parse().unwrap());
+        c.common.coalesce = Some(std::time::Duration::from_millis(200));
+        s.common.metrics = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let (sw_http, ctl_http) = (
+        setup.agent.metrics_addr().unwrap(),
+        setup.controller.metrics_addr().unwrap(),
+    );
+    let (mut ovs, mut ctl) = setup.connect().await;
+    ovs.write_all(&build::hello(1)).await.unwrap();
+    read_exact_len(&mut ctl, build::hello(1).len()).await;
+    // Two flow mods within the coalescing window: the second waits.
+    let flow_mod = |xid| build::flow_mod(xid, &FlowMod::add(10, vec![], vec![]));
+    for xid in [1, 2] {
+        ctl.write_all(&flow_mod(xid)).await.unwrap();
+        read_exact_len(&mut ovs, flow_mod(xid).len()).await;
+    }
+    assert!(setup.agent.reload_credentials().await.is_some());
+    // A stranger's handshake, refused.
+    let intruder = start_intruder(&setup).await;
+    eventually(
+        ctl_http,
+        r#"quicsdn_handshake_refusals_total{reason="bad_certificate"}"#,
+        1.0,
+    )
+    .await;
+    intruder.shutdown().await;
+    let mut served = std::collections::BTreeSet::new();
+    let (status, text) = get(sw_http, "/metrics").await;
+    assert_eq!(status, 200);
+    served.extend(served_names(&text));
+    // The switch agent goes: the controller agent counts a disconnect.
+    setup.agent.shutdown().await;
+    let text = eventually(
+        ctl_http,
+        r#"quicsdn_disconnects_total{switch="sw1",reason="closed_by_peer"}"#,
+        1.0,
+    )
+    .await;
+    served.extend(served_names(&text));
+    let used = dashboard_metric_names();
+    assert!(
+        used.len() >= 15,
+        "the dashboard's names were not found: {used:?}"
+    );
+    let missing: Vec<_> = used.difference(&served).collect();
+    assert!(
+        missing.is_empty(),
+        "docs/grafana/quicsdn.json uses metrics no agent serves: {missing:?}\nserved: {served:?}"
+    );
+    setup.controller.shutdown().await;
 }

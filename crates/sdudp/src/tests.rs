@@ -712,7 +712,11 @@ fn a_congestion_window_keeps_bursts_within_the_ports_queues() {
 /// relays, 8 links) of 20 ms, 1 % random loss per link, every port drained
 /// at 10 Mbit/s behind a drop-tail queue of 1,000 frames (the lab's link
 /// emulator). Returns the time until B read everything, and the ports' drops.
-fn fig11_line(congestion: Option<crate::CongestionConfig>, seed: u64, loss: f64) -> (Duration, u64) {
+fn fig11_line(
+    congestion: Option<crate::CongestionConfig>,
+    seed: u64,
+    loss: f64,
+) -> (Duration, u64) {
     let mut cfg = EdgeConfig::default();
     cfg.hop.congestion = congestion;
     let link = Link {
@@ -740,6 +744,9 @@ fn random_loss_does_not_shrink_the_window_but_queueing_does() {
     let (t_new, drops_new) = fig11_line(Some(crate::CongestionConfig::default()), 5, 0.01);
     let (t_old, _) = fig11_line(Some(crate::CongestionConfig::newreno()), 5, 0.01);
     eprintln!("delay rule {t_new:?} ({drops_new} port drops), NewReno {t_old:?}");
-    assert!(t_new.as_secs_f64() < 0.7 * t_old.as_secs_f64(), "{t_new:?} vs {t_old:?}");
+    assert!(
+        t_new.as_secs_f64() < 0.7 * t_old.as_secs_f64(),
+        "{t_new:?} vs {t_old:?}"
+    );
     assert_eq!(drops_new, 0, "the queue stays short of its limit");
 }

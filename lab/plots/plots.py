@@ -1,8 +1,8 @@
 """Plots of quicsdn-lab's benches, in the style of the quicSDN papers' figures.
 
-    python plots.py overhead|delay|table1|model|hol|migration|reconnect|storm|bicast DIR
+    python plots.py overhead|delay|table1|model|hol|migration|reconnect|storm|bicast|sdudp DIR
 
-Reads DIR/<kind>.csv (written by `quicsdn-lab bench <kind>` or `quicsdn-lab model`),
+Reads DIR/<kind>.csv (sdudp: DIR/cells.csv; written by `quicsdn-lab bench <kind>` or `quicsdn-lab model`),
 writes PNGs into DIR and prints their paths, one per line. Only reads and draws:
 every number comes from the CSV.
 """
@@ -348,8 +348,90 @@ def bicast(d):
     save(fig, d, "bicast.png")
 
 
+def sdudp(d):
+    """The SDUDP paper's figures from cells.csv (mean, 95 % interval):
+    Figs. 7-8 (frames and bytes per switch against the number of switches,
+    SDUDP and TCP, per file set, 20 ms lines), Fig. 10 (frames with and
+    without accumulation) and Fig. 11 (time to send at 10 Mbit/s). A figure
+    whose cells were not measured is not drawn."""
+    data = rows(os.path.join(d, "cells.csv"))
+    colors = {"sdudp": "#1f77b4", "tcp": "#d62728"}
+
+    def bars(ax, groups, series, value, ci, ylabel, title):
+        width = 0.8 / max(1, len(series))
+        for i, (name, cells) in enumerate(series):
+            xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+            ax.bar(xs, [value(c) if c else 0 for c in cells], width,
+                   yerr=[ci(c) if c else 0 for c in cells], capsize=3, label=name,
+                   color=colors.get(name.split()[0]))
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels(groups, fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+
+    def find(**kv):
+        for r in data:
+            if all(r[k] == v for k, v in kv.items()):
+                return r
+        return None
+
+    def pick(t, **kv):
+        # SDUDP's default line: every engine, accumulating.
+        if t == "sdudp":
+            kv.update(engines="all", accumulate="true")
+        return find(transport=t, **kv)
+
+    # Figs. 7-8: all engines, accumulating, no rate limit.
+    load = [r for r in data if r["rate_mbit"] == "0" and r["engines"] in ("all", "-")
+            and (r["transport"] == "tcp" or r["accumulate"] == "true")]
+    if load:
+        # Cells with both transports only: the figures compare them.
+        groups = sorted({(int(r["switches"]), r["delay_ms"], r["loss_percent"], r["set"])
+                         for r in load if r["transport"] == "tcp"})
+        labels = ["%d sw %s ms\n%s %% set %s" % g for g in groups]
+        fig, axes = plt.subplots(1, 2, figsize=(max(7, 1.6 * len(groups)), 4), squeeze=False)
+        for ax, col, ci, unit, scale, fig_no in [
+                (axes[0][0], "frames_per_switch", "frames_ci95", "frames", 1.0, 8),
+                (axes[0][1], "bytes_per_switch", "bytes_ci95", "MiB", MIB, 7)]:
+            series = [(t, [pick(t, switches=str(g[0]), delay_ms=g[1],
+                                loss_percent=g[2], set=g[3], rate_mbit="0") for g in groups])
+                      for t in ("sdudp", "tcp")]
+            bars(ax, labels, series, lambda c, col=col: float(c[col]) / scale,
+                 lambda c, ci=ci: float(c[ci]) / scale,
+                 "%s per switch" % unit, "%s per switch (cf. Fig. %d)" % (unit, fig_no))
+        save(fig, d, "sdudp-load.png")
+    # Fig. 10: SDUDP with and without accumulation (all engines, no rate limit).
+    acc = [r for r in data if r["transport"] == "sdudp" and r["accumulate"] == "false"]
+    if acc:
+        groups = sorted({(r["switches"], r["delay_ms"], r["loss_percent"], r["set"]) for r in acc})
+        labels = ["%s sw %s ms %s %%\nset %s" % g for g in groups]
+        series = [("sdudp %s" % name, [find(transport="sdudp", accumulate=a, switches=g[0],
+                                            delay_ms=g[1], loss_percent=g[2], set=g[3],
+                                            rate_mbit="0", engines="all") for g in groups])
+                  for name, a in (("accumulating", "true"), ("not accumulating", "false"))]
+        fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(groups)), 4))
+        bars(ax, labels, series, lambda c: float(c["frames_per_switch"]),
+             lambda c: float(c["frames_ci95"]), "frames per switch",
+             "accumulation (cf. Fig. 10)")
+        save(fig, d, "sdudp-accumulation.png")
+    # Fig. 11: time to send at a limited rate.
+    timed = [r for r in data if r["rate_mbit"] != "0"]
+    if timed:
+        groups = sorted({(r["switches"], r["delay_ms"], r["loss_percent"], r["rate_mbit"], r["set"])
+                         for r in timed})
+        labels = ["%s sw %s ms %s %%\n%s Mbit/s set %s" % g for g in groups]
+        series = [(t, [pick(t, switches=g[0], delay_ms=g[1], loss_percent=g[2],
+                            rate_mbit=g[3], set=g[4]) for g in groups]) for t in ("sdudp", "tcp")]
+        fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(groups)), 4))
+        bars(ax, labels, series, lambda c: float(c["seconds"]), lambda c: float(c["seconds_ci95"]),
+             "time to send (s)", "time to send (cf. Fig. 11)")
+        save(fig, d, "sdudp-time.png")
+
+
 if __name__ == "__main__":
     kind, d = sys.argv[1], sys.argv[2]
     {"overhead": overhead, "delay": delay, "table1": table1, "model": model, "hol": hol,
      "migration": migration, "reconnect": reconnect, "storm": storm,
-     "bicast": bicast}[kind](d)
+     "bicast": bicast, "sdudp": sdudp}[kind](d)

@@ -35,6 +35,7 @@ pub mod control_link;
 pub mod controller;
 pub mod demo;
 pub mod emulator;
+pub mod fileset;
 pub mod host;
 pub mod multihomed;
 pub mod netns;

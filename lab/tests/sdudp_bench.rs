@@ -29,6 +29,8 @@ fn quick_bench_writes_every_cell_delivered_exactly_with_counters() {
         delays: None,
         total_kb: None,
         prefix: P.into(),
+        tcp_congestion: "cubic".into(),
+        file_gap_us: 0,
         summarize: false,
     })
     .unwrap();

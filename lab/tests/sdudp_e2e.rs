@@ -11,6 +11,7 @@ mod common;
 
 use common::LabGuard;
 use quicsdn_lab::emulator::control::Accounting;
+use quicsdn_lab::fileset::{self, FileSetHasher};
 use quicsdn_lab::state::{LabState, SdudpSettings, Topology};
 use quicsdn_lab::topology;
 use quicsdn_lab::transport::Transport;
@@ -54,14 +55,9 @@ fn in_ns<T: Send + 'static>(
     })
 }
 
-fn fnv(h: u64, data: &[u8]) -> u64 {
-    data.iter()
-        .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
-}
-const FNV0: u64 = 0xcbf2_9ce4_8422_2325;
-
 /// A file set over one connection: `count` files of `size` bytes, written one
-/// by one; the server answers the byte count and hash of what it read.
+/// by one; the server answers the byte count and the sha256 of every file
+/// (folded, `quicsdn_lab::fileset`).
 fn send_set(port: u16, count: usize, size: usize, seed: u8) -> Result<(), String> {
     let mut s = TcpStream::connect_timeout(
         &format!("10.0.{N}.1:{port}").parse().unwrap(),
@@ -69,28 +65,29 @@ fn send_set(port: u16, count: usize, size: usize, seed: u8) -> Result<(), String
     )
     .map_err(|e| format!("connect: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let mut h = FNV0;
+    // The file size first: the server hashes file by file.
+    s.write_all(&(size as u32).to_be_bytes())
+        .map_err(|e| format!("write: {e}"))?;
+    let mut h = FileSetHasher::new(size);
     for f in 0..count {
-        let file: Vec<u8> = (0..size)
-            .map(|i| (i as u8) ^ (f as u8).wrapping_mul(seed))
-            .collect();
-        h = fnv(h, &file);
+        let file = fileset::file(seed, f, size);
+        h.update(&file);
         s.write_all(&file).map_err(|e| format!("write: {e}"))?;
     }
     s.shutdown(Shutdown::Write).unwrap();
     let mut reply = Vec::new();
     s.read_to_end(&mut reply)
         .map_err(|e| format!("read: {e}"))?;
-    let mut want = ((count * size) as u64).to_be_bytes().to_vec();
-    want.extend_from_slice(&h.to_be_bytes());
+    let want = h.finish();
     if reply != want {
         return Err(format!("reply {reply:?}, want {want:?}"));
     }
     Ok(())
 }
 
-/// Host 2's server on `port`: for each connection, reads to EOF and answers
-/// the length and hash; reports each connection's outcome.
+/// Host 2's server on `port`: for each connection, reads the file size (4
+/// bytes) and then files to EOF, and answers the length and the sha256 of
+/// every file; reports each connection's outcome (the bytes after the size).
 fn server(port: u16, tx: mpsc::Sender<Result<usize, ErrorKind>>) -> std::thread::JoinHandle<()> {
     in_ns(&format!("{P}-h{N}-1"), move || {
         let l = TcpListener::bind(("0.0.0.0", port)).unwrap();
@@ -98,13 +95,24 @@ fn server(port: u16, tx: mpsc::Sender<Result<usize, ErrorKind>>) -> std::thread:
             let Ok(mut s) = s else { continue };
             let tx = tx.clone();
             std::thread::spawn(move || {
-                let mut got = Vec::new();
-                let r = s.read_to_end(&mut got).map(|_| {
-                    let mut reply = (got.len() as u64).to_be_bytes().to_vec();
-                    reply.extend_from_slice(&fnv(FNV0, &got).to_be_bytes());
-                    let _ = s.write_all(&reply);
-                    got.len()
-                });
+                let r = (|| {
+                    let mut size = [0u8; 4];
+                    s.read_exact(&mut size)?;
+                    let mut h = FileSetHasher::new(u32::from_be_bytes(size).max(1) as usize);
+                    let mut buf = vec![0u8; 65_536];
+                    let mut len = 0;
+                    loop {
+                        match s.read(&mut buf)? {
+                            0 => break,
+                            n => {
+                                h.update(&buf[..n]);
+                                len += n;
+                            }
+                        }
+                    }
+                    s.write_all(&h.finish())?;
+                    Ok::<usize, std::io::Error>(len)
+                })();
                 let _ = tx.send(r.map_err(|e| e.kind()));
             });
         }

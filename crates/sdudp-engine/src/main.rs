@@ -80,8 +80,13 @@ struct EngineArgs {
     initial_rto: Duration,
     /// No per-hop congestion window: send all the next engine's window allows
     /// at once (the paper's engines; bursts then overflow switch ports).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "newreno_window")]
     no_congestion_window: bool,
+    /// A per-hop window that halves on the first loss of a window (NewReno)
+    /// instead of the default, which shrinks when queues build and tolerates
+    /// sparse random loss (docs/sdudp.md; slower on lossy links).
+    #[arg(long)]
+    newreno_window: bool,
     /// Write counters as JSON to this file, atomically, every --stats-interval.
     #[arg(long)]
     stats: Option<PathBuf>,
@@ -96,6 +101,8 @@ impl EngineArgs {
             initial_rto: self.initial_rto,
             congestion: if self.no_congestion_window {
                 None
+            } else if self.newreno_window {
+                Some(quicsdn_sdudp::CongestionConfig::newreno())
             } else {
                 Config::default().congestion
             },

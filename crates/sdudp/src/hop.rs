@@ -395,21 +395,57 @@ pub struct SenderStats {
 /// The per-hop congestion window ([`crate::CongestionConfig`]).
 #[derive(Debug, Clone)]
 struct Cwnd {
+    cfg: crate::CongestionConfig,
     cwnd: u64,
     ssthresh: u64,
-    min: u64,
     /// Datagrams released since the window last grew in congestion avoidance.
     acked: u64,
     /// A request for a sequence number at or above this is a new loss event.
     recover: u64,
+    /// The current round ends when the next engine releases this.
+    round_end: u64,
+    /// Datagrams requested in this round (each counted once).
+    round_losses: u64,
+    /// The highest sequence number counted as lost.
+    counted_loss: Option<u64>,
+    /// The round's least send→release time, and the least ever.
+    round_rtt: Option<Duration>,
+    base_rtt: Option<Duration>,
 }
 
 impl Cwnd {
-    fn on_release(&mut self, n: u64, cap: u64) {
+    fn new(cfg: crate::CongestionConfig, ssthresh: u64) -> Cwnd {
+        Cwnd {
+            cfg,
+            cwnd: u64::from(cfg.initial),
+            ssthresh,
+            acked: 0,
+            recover: 0,
+            round_end: 0,
+            round_losses: 0,
+            counted_loss: None,
+            round_rtt: None,
+            base_rtt: None,
+        }
+    }
+
+    fn min(&self) -> u64 {
+        u64::from(self.cfg.min)
+    }
+
+    /// `n` datagrams released, up to `cum`; `rtt`: the send→release time of
+    /// the last one, unless it was sent more than once (Karn).
+    fn on_release(&mut self, n: u64, cum: u64, sent_end: u64, rtt: Option<Duration>, cap: u64) {
+        if let Some(r) = rtt {
+            self.round_rtt = Some(self.round_rtt.map_or(r, |m| m.min(r)));
+            self.base_rtt = Some(self.base_rtt.map_or(r, |m| m.min(r)));
+        }
+        let queued = self.queued();
+        let delay_rule = self.cfg.queue_high != 0;
         if self.cwnd < self.ssthresh {
-            // RFC 5681 (2): slow start, one per datagram released.
+            // RFC 5681 (2): slow start, one per datagram released…
             self.cwnd = (self.cwnd + n).min(self.ssthresh.max(self.cwnd));
-        } else {
+        } else if !delay_rule {
             // RFC 5681 (3): about one per window.
             self.acked += n;
             if self.acked >= self.cwnd {
@@ -417,19 +453,60 @@ impl Cwnd {
                 self.cwnd += 1;
             }
         }
+        if cum >= self.round_end {
+            // A round ended: the delay rule, once per round.
+            if delay_rule && let Some(q) = queued {
+                if self.cwnd < self.ssthresh {
+                    // …until a queue builds.
+                    if q > u64::from(self.cfg.queue_high) {
+                        self.ssthresh = self.cwnd;
+                    }
+                } else if q < u64::from(self.cfg.queue_low) {
+                    self.cwnd += 1;
+                } else if q > u64::from(self.cfg.queue_high) {
+                    self.cwnd = (self.cwnd - 1).max(self.min());
+                }
+            }
+            self.round_end = sent_end.max(cum + 1);
+            self.round_losses = 0;
+            self.round_rtt = None;
+        }
         self.cwnd = self.cwnd.min(cap);
     }
 
-    /// A request for `seq`; `sent_end` is one past the highest sent.
+    /// Datagrams this hop keeps in queues, by the round's delay (Vegas).
+    fn queued(&self) -> Option<u64> {
+        let (rtt, base) = (self.round_rtt?, self.base_rtt?);
+        if rtt.is_zero() {
+            return Some(0);
+        }
+        let extra = rtt.saturating_sub(base).as_secs_f64() / rtt.as_secs_f64();
+        Some((self.cwnd as f64 * extra) as u64)
+    }
+
+    /// A request for `seq`; `sent_end` is one past the highest sent. True if
+    /// the window was reduced.
     fn on_request(&mut self, seq: u64, sent_end: u64) -> bool {
-        if seq < self.recover {
+        if seq < self.recover || self.counted_loss.is_some_and(|c| seq <= c) {
+            return false;
+        }
+        self.counted_loss = Some(seq);
+        self.round_losses += 1;
+        let tolerated = if self.cfg.tolerated_loss_permille == 0 {
+            0
+        } else {
+            1 + self.cwnd * u64::from(self.cfg.tolerated_loss_permille) / 1000
+        };
+        if self.round_losses <= tolerated {
             return false;
         }
         // RFC 5681 (4) with RFC 6582's recovery point: once per window.
-        self.ssthresh = (self.cwnd / 2).max(self.min);
+        self.ssthresh = (self.cwnd / 2).max(self.min());
         self.cwnd = self.ssthresh;
         self.acked = 0;
         self.recover = sent_end;
+        self.round_end = sent_end;
+        self.round_losses = 0;
         true
     }
 }
@@ -466,6 +543,9 @@ pub struct HopSender {
     failed: bool,
     rtt: Rtt,
     cwnd: Option<Cwnd>,
+    /// When `base + i` was first sent, `None` once sent again (Karn): the
+    /// window's delay samples.
+    sent_at: VecDeque<Option<Instant>>,
     pub stats: SenderStats,
 }
 
@@ -492,13 +572,10 @@ impl HopSender {
             finished: false,
             failed: false,
             rtt: Rtt::new(cfg),
-            cwnd: cfg.congestion.map(|c| Cwnd {
-                cwnd: u64::from(c.initial),
-                ssthresh: u64::from(cfg.capacity),
-                min: u64::from(c.min),
-                acked: 0,
-                recover: 0,
-            }),
+            cwnd: cfg
+                .congestion
+                .map(|c| Cwnd::new(c, u64::from(cfg.capacity))),
+            sent_at: VecDeque::new(),
             stats: SenderStats::default(),
         }
     }
@@ -555,6 +632,12 @@ impl HopSender {
         self.end() - 1
     }
 
+    fn forget_send_time(&mut self, seq: u64) {
+        if let Some(t) = self.sent_at.get_mut((seq - self.base) as usize) {
+            *t = None;
+        }
+    }
+
     fn on_send(&mut self, now: Instant) {
         if self.probes == 0 {
             self.probe_at = Some(now + self.probe_interval());
@@ -577,6 +660,7 @@ impl HopSender {
         while let Some(seq) = self.retx.pop_first() {
             if seq >= self.base && seq < self.next_tx.min(self.sent_end) {
                 self.stats.retransmitted += 1;
+                self.forget_send_time(seq);
                 self.on_send(now);
                 return Some((id_of(seq), self.buf[(seq - self.base) as usize].clone()));
             }
@@ -590,9 +674,13 @@ impl HopSender {
             self.next_tx += 1;
             if seq < self.sent_end {
                 self.stats.retransmitted += 1;
+                self.forget_send_time(seq);
             } else {
                 self.sent_end = self.next_tx;
                 self.stats.sent += 1;
+                if self.cwnd.is_some() {
+                    self.sent_at.push_back(Some(now));
+                }
             }
             self.on_send(now);
             return Some((id_of(seq), self.buf[(seq - self.base) as usize].clone()));
@@ -621,11 +709,24 @@ impl HopSender {
         if let Some(c) = &mut self.cwnd
             && cum > self.base
         {
-            c.on_release(cum - self.base, self.capacity as u64);
+            let sample = self
+                .sent_at
+                .get((cum - 1 - self.base) as usize)
+                .copied()
+                .flatten()
+                .map(|t| now.saturating_duration_since(t));
+            c.on_release(
+                cum - self.base,
+                cum,
+                self.sent_end,
+                sample,
+                self.capacity as u64,
+            );
         }
         // A reordered older feedback releases nothing new.
         while self.base < cum {
             self.buf.pop_front();
+            self.sent_at.pop_front();
             self.base += 1;
         }
         if self.next_tx < self.base {

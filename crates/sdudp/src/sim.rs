@@ -47,6 +47,14 @@ impl Link {
     }
 }
 
+/// Rate-limited sending ports (see [`Sim::ports`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Ports {
+    pub bits_per_second: u64,
+    /// Most bytes waiting in one port's queue; more are dropped (drop-tail).
+    pub queue_bytes: u64,
+}
+
 /// What travels on a simulated link: wire bytes, decoded on arrival.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Wire {
@@ -101,6 +109,13 @@ pub struct Sim {
     wire: BinaryHeap<Reverse<InFlight>>,
     order: u64,
     pub drop_if: Option<DropFilter>,
+    /// Every sending port a drop-tail queue drained at a rate, as a switch
+    /// port or the lab's emulated link is; `None`: links of unlimited rate.
+    pub ports: Option<Ports>,
+    /// When each direction's port (from, to) is next idle.
+    port_busy: std::collections::HashMap<(usize, usize), Instant>,
+    /// Datagrams the ports' queues dropped.
+    pub port_drops: u64,
     pub a_flow: FlowKey,
     /// Host A's bytes to send, and how much it wrote.
     pub a_data: Vec<u8>,
@@ -125,6 +140,8 @@ pub struct Sim {
     pub b_events: Vec<ConnEvent>,
     pub at_b: Vec<u8>,
     pub at_a: Vec<u8>,
+    /// When host B had read all of host A's bytes.
+    pub b_all_at: Option<Duration>,
     /// Most datagrams any relay held for one flow, and any edge's sender.
     pub max_edge_held: usize,
     /// Data datagrams that crossed each link (either direction), controls too.
@@ -153,6 +170,9 @@ impl Sim {
             wire: BinaryHeap::new(),
             order: 0,
             drop_if: None,
+            ports: None,
+            port_busy: std::collections::HashMap::new(),
+            port_drops: 0,
             a_flow: FlowKey {
                 src: A_ADDR,
                 dst: B_ADDR,
@@ -181,6 +201,7 @@ impl Sim {
             b_events: Vec::new(),
             at_b: Vec::new(),
             at_a: Vec::new(),
+            b_all_at: None,
             max_edge_held: 0,
             data_on_link: vec![0; relays + 1],
             control_on_link: vec![0; relays + 1],
@@ -322,6 +343,23 @@ impl Sim {
             Wire::Control(_) => self.control_on_link[li] += 1,
         }
         let link = self.links[li];
+        // The port: serialisation at its rate behind what is queued.
+        let mut depart = self.now;
+        if let Some(p) = self.ports {
+            let len = match &w {
+                Wire::Data(b) | Wire::Control(b) => b.len() as u64 + 14,
+            };
+            let busy = self.port_busy.entry((from, to)).or_insert(self.now);
+            let start = (*busy).max(self.now);
+            let queued = start - self.now;
+            let byte_time = Duration::from_nanos(8_000_000_000 / p.bits_per_second);
+            if queued > byte_time * p.queue_bytes as u32 {
+                self.port_drops += 1;
+                return;
+            }
+            *busy = start + byte_time * len as u32;
+            depart = *busy;
+        }
         if self.rng.chance(link.loss) {
             return;
         }
@@ -334,7 +372,7 @@ impl Sim {
             };
             self.order += 1;
             self.wire.push(Reverse((
-                self.now + link.delay + jitter,
+                depart + link.delay + jitter,
                 self.order,
                 from,
                 to,
@@ -508,6 +546,9 @@ impl Sim {
                     let n = d.len().min(budget);
                     let d = d[..n].to_vec();
                     self.at_b.extend_from_slice(&d);
+                    if self.at_b.len() == self.a_data.len() && self.b_all_at.is_none() {
+                        self.b_all_at = Some(self.now - self.start);
+                    }
                     self.edge(last).consume_for_host(now, b, n);
                     budget -= n;
                 }

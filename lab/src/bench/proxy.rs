@@ -116,7 +116,7 @@ fn in_ns<T: Send + 'static>(ns: Option<&str>, f: impl FnOnce() -> T + Send + 'st
 }
 
 /// Sets a socket's TCP congestion controller (TCP_CONGESTION).
-fn set_tcp_congestion(fd: std::os::fd::RawFd, name: &str) -> Result<()> {
+pub(crate) fn set_tcp_congestion(fd: std::os::fd::RawFd, name: &str) -> Result<()> {
     // SAFETY: setsockopt with a valid fd and a buffer of the given length.
     let r = unsafe {
         libc::setsockopt(

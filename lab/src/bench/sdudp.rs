@@ -4,9 +4,10 @@
 //! Every configuration is a fresh `quicsdn-lab up --topology line` (with or
 //! without `--sdudp`); host A (first switch) sends a file set over one real
 //! TCP connection to a server on host B (last switch), which answers the byte
-//! count and an FNV-1a-64 hash of what it read; the sender checks both
-//! (byte-exact delivery). The loads are the emulated links' own counters
-//! between the switches (both directions, every frame offered to a link), not
+//! count and the sha256 of every file it read (folded, [`crate::fileset`]);
+//! the sender checks both. Both hosts' sockets use `--tcp-congestion`
+//! (CUBIC by default, the paper's Linux default; this kernel's is BBR). The
+//! loads are the emulated links' own counters between the switches (both directions, every frame offered to a link), not
 //! estimates:
 //!
 //! * `load` — Figs. 7–8: bytes and frames per switch (the mean over the
@@ -37,8 +38,10 @@ use anyhow::{Context, Result, bail};
 use crate::bench::out::{self, Csv, md_table};
 use crate::emulator::control::Accounting;
 use crate::emulator::sys::in_netns;
+use crate::fileset::{self, FileSetHasher};
 use crate::state::{LabState, SdudpSettings, Topology};
 use crate::topology::{self, LabConfig};
+use std::os::fd::AsRawFd;
 
 /// The paper's file sets: name, file size (bytes); each run carries
 /// `--total-kb` (3,000 KB as the paper) in files of that size.
@@ -133,6 +136,15 @@ pub struct SdudpBenchArgs {
     /// Name prefix of the labs (at most 10 characters).
     #[arg(long, default_value = "sdudpb")]
     pub prefix: String,
+    /// TCP congestion control of the hosts' sockets (the paper's: CUBIC).
+    #[arg(long, default_value = "cubic")]
+    pub tcp_congestion: String,
+    /// Host A's pause between files, in µs, with TCP_NODELAY: each file leaves
+    /// as its own segment, as the paper's sender sent a packet per file (0:
+    /// files back to back, which the hosts' TCP already packs into full
+    /// segments; see docs/sdudp.md, accumulation).
+    #[arg(long, default_value_t = 0)]
+    pub file_gap_us: u64,
     /// Measure nothing: rewrite cells.csv and summary.md from OUT/runs.csv
     /// (e.g. of a grid that was stopped part way).
     #[arg(long)]
@@ -341,7 +353,7 @@ pub fn grid(a: &SdudpBenchArgs) -> Result<Vec<(Config, Vec<&'static str>)>> {
                 }
             }
             "time" => {
-                let ds: &[u64] = if a.quick { &[1] } else { &[1, 20] };
+                let ds: &[u64] = if a.quick { &[1] } else { &delays };
                 for &d in ds {
                     let s = pick(if a.quick { &["A"] } else { &["A", "C"] });
                     for mut c in [Config::tcp(n9, d, 1.0), Config::sdudp(n9, d, 1.0)] {
@@ -359,14 +371,22 @@ pub fn grid(a: &SdudpBenchArgs) -> Result<Vec<(Config, Vec<&'static str>)>> {
 /// Host B's server for one connection: reads to EOF, answers the length and
 /// hash. Returns once listening; the thread ends after the connection or
 /// `deadline`.
-fn serve_one(netns: &str, deadline: Duration) -> Result<std::thread::JoinHandle<()>> {
+fn serve_one(
+    netns: &str,
+    deadline: Duration,
+    file_size: usize,
+    cc: &str,
+) -> Result<std::thread::JoinHandle<()>> {
     let (tx, rx) = std::sync::mpsc::channel();
     let ns = netns.to_string();
+    let cc = cc.to_string();
     let h = std::thread::spawn(move || {
         let r = (|| -> std::io::Result<TcpListener> {
             crate::emulator::sys::enter_netns(&ns)?;
             let l = TcpListener::bind(("0.0.0.0", SERVER_PORT))?;
             l.set_nonblocking(true)?;
+            crate::bench::proxy::set_tcp_congestion(l.as_raw_fd(), &cc)
+                .map_err(std::io::Error::other)?;
             Ok(l)
         })();
         let l = match r {
@@ -385,13 +405,19 @@ fn serve_one(netns: &str, deadline: Duration) -> Result<std::thread::JoinHandle<
                 Ok((mut s, _)) => {
                     let _ = s.set_nonblocking(false);
                     let _ = s.set_read_timeout(Some(deadline));
-                    let mut got = Vec::new();
-                    if s.read_to_end(&mut got).is_ok() {
-                        let mut reply = (got.len() as u64).to_be_bytes().to_vec();
-                        reply.extend_from_slice(&fnv(FNV0, &got).to_be_bytes());
-                        let _ = s.write_all(&reply);
+                    let mut h = FileSetHasher::new(file_size);
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        match s.read(&mut buf) {
+                            Ok(0) => {
+                                let _ = s.write_all(&h.finish());
+                                return;
+                            }
+                            Ok(n) => h.update(&buf[..n]),
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                            Err(_) => return,
+                        }
                     }
-                    return;
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(5)),
             }
@@ -403,33 +429,39 @@ fn serve_one(netns: &str, deadline: Duration) -> Result<std::thread::JoinHandle<
     Ok(h)
 }
 
-fn fnv(h: u64, data: &[u8]) -> u64 {
-    data.iter()
-        .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
-}
-const FNV0: u64 = 0xcbf2_9ce4_8422_2325;
-
 /// Host A's sender: `count` files of `size` bytes written one by one on one
 /// connection; true if host B's answer matches what was sent.
-fn send_set(dst: &str, count: usize, size: usize, seed: u8, timeout: Duration) -> Result<bool> {
+fn send_set(
+    dst: &str,
+    count: usize,
+    size: usize,
+    seed: u8,
+    timeout: Duration,
+    cc: &str,
+    gap: Duration,
+) -> Result<bool> {
     let addr = format!("{dst}:{SERVER_PORT}").parse()?;
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).context("connect")?;
+    // Before any data: the whole transfer runs under it.
+    crate::bench::proxy::set_tcp_congestion(s.as_raw_fd(), cc)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
-    let mut h = FNV0;
+    if !gap.is_zero() {
+        s.set_nodelay(true)?;
+    }
+    let mut h = FileSetHasher::new(size);
     for f in 0..count {
-        let file: Vec<u8> = (0..size)
-            .map(|i| (i as u8) ^ (f as u8).wrapping_mul(seed))
-            .collect();
-        h = fnv(h, &file);
+        let file = fileset::file(seed, f, size);
+        h.update(&file);
         s.write_all(&file).context("write")?;
+        if !gap.is_zero() {
+            std::thread::sleep(gap);
+        }
     }
     s.shutdown(Shutdown::Write)?;
     let mut reply = Vec::new();
     s.read_to_end(&mut reply).context("reading the answer")?;
-    let mut want = ((count * size) as u64).to_be_bytes().to_vec();
-    want.extend_from_slice(&h.to_be_bytes());
-    Ok(reply == want)
+    Ok(reply == h.finish())
 }
 
 /// One run's measurements.
@@ -445,10 +477,16 @@ struct Run {
     retransmitted: u64,
 }
 
-fn run_once(lab: &LabState, set: &str, total: usize, rep: usize) -> Result<Run> {
+fn run_once(
+    lab: &LabState,
+    set: &str,
+    total: usize,
+    rep: usize,
+    a: &SdudpBenchArgs,
+) -> Result<Run> {
     let size = SETS.iter().find(|s| s.0 == set).expect("set").1;
     let files = (total / size).max(1);
-    let (a, b) = (
+    let (host_a, b) = (
         lab.hosts.first().context("no host")?,
         lab.hosts.last().context("no host")?,
     );
@@ -462,11 +500,13 @@ fn run_once(lab: &LabState, set: &str, total: usize, rep: usize) -> Result<Run> 
         l.control().reset_counters()?;
     }
     let timeout = Duration::from_secs(600);
-    let server = serve_one(&b.netns, timeout)?;
+    let server = serve_one(&b.netns, timeout, size, &a.tcp_congestion)?;
     let dst = b.ip.clone();
     let t = Instant::now();
-    let exact = in_netns(&a.netns, move || {
-        send_set(&dst, files, size, 7 + rep as u8, timeout)
+    let cc = a.tcp_congestion.clone();
+    let gap = Duration::from_micros(a.file_gap_us);
+    let exact = in_netns(&host_a.netns, move || {
+        send_set(&dst, files, size, 7 + rep as u8, timeout, &cc, gap)
     })??;
     let seconds = t.elapsed().as_secs_f64();
     let _ = server.join();
@@ -541,10 +581,7 @@ pub fn run(a: SdudpBenchArgs) -> Result<()> {
         });
         let cells = aggregate(&runs);
         cells.write(&a.out.join("cells.csv"))?;
-        std::fs::write(
-            a.out.join("summary.md"),
-            summary(&cells, reps, total, Duration::ZERO),
-        )?;
+        write_summary(&a, summary(&cells, reps, total, Duration::ZERO, &a))?;
         println!("wrote {}", a.out.display());
         return Ok(());
     }
@@ -571,7 +608,7 @@ pub fn run(a: SdudpBenchArgs) -> Result<()> {
             let computed = 1.0 - (1.0 - c.loss_percent / 100.0).powi(lab.data_links.len() as i32);
             for set in sets {
                 for rep in 0..reps {
-                    let r = run_once(&lab, set, total, rep)
+                    let r = run_once(&lab, set, total, rep, &a)
                         .with_context(|| format!("{} set {set} rep {rep}", c.key().join(" ")))?;
                     let links = lab.data_links.len().max(1) as f64;
                     println!(
@@ -614,10 +651,7 @@ pub fn run(a: SdudpBenchArgs) -> Result<()> {
     }
     let cells = aggregate(&runs);
     cells.write(&a.out.join("cells.csv"))?;
-    std::fs::write(
-        a.out.join("summary.md"),
-        summary(&cells, reps, total, started.elapsed()),
-    )?;
+    write_summary(&a, summary(&cells, reps, total, started.elapsed(), &a))?;
     println!("wrote {}", a.out.display());
     if runs
         .rows
@@ -626,6 +660,18 @@ pub fn run(a: SdudpBenchArgs) -> Result<()> {
     {
         bail!("a file set did not arrive byte-exact (runs.csv)");
     }
+    Ok(())
+}
+
+/// Writes `summary.md` with the figures' plots (`plots.py sdudp`, from
+/// cells.csv) linked; a plot that fails is reported, the summary still written.
+fn write_summary(a: &SdudpBenchArgs, mut summary: String) -> Result<()> {
+    let plots = out::plot("sdudp", &a.out).unwrap_or_else(|e| {
+        eprintln!("no plot: {e:#}");
+        Vec::new()
+    });
+    summary += &out::image_links(&plots);
+    std::fs::write(a.out.join("summary.md"), summary)?;
     Ok(())
 }
 
@@ -675,7 +721,19 @@ fn met(ok: bool) -> String {
 }
 
 /// The summary: each experiment's table, SDUDP beside TCP and the targets.
-pub fn summary(cells: &Csv, reps: usize, total: usize, took: Duration) -> String {
+pub fn summary(
+    cells: &Csv,
+    reps: usize,
+    total: usize,
+    took: Duration,
+    a: &SdudpBenchArgs,
+) -> String {
+    let cc = &a.tcp_congestion;
+    let gap = if a.file_gap_us == 0 {
+        "back to back".to_string()
+    } else {
+        format!("with a {} µs pause after each, TCP_NODELAY", a.file_gap_us)
+    };
     let c = |name: &str| cells.col(name);
     let get = |r: &Vec<String>, name: &str| -> f64 { r[c(name)].parse().unwrap_or(f64::NAN) };
     let find = |pred: &dyn Fn(&Vec<String>) -> bool| cells.rows.iter().find(|r| pred(r));
@@ -692,7 +750,9 @@ pub fn summary(cells: &Csv, reps: usize, total: usize, took: Duration) -> String
         "# SDUDP against TCP over a line of real Open vSwitch switches (paper `sdudp`, §IV)\n\n\
          {reps} repetition(s) per cell, {} KB per run; ± is the 95 % confidence half-width. \
          Loads are the emulated inter-switch links' counters (both directions, frames offered \
-         to the link), averaged over the links (≈ per switch). Took {:.0} s.\n\n{}\n",
+         to the link), averaged over the links (≈ per switch). The hosts' TCP: {cc} \
+         (`--tcp-congestion`); host A writes its files {gap} (`--file-gap-us`). \
+         Delivery: the receiver's sha256 of every file, checked by the sender. Took {:.0} s.\n\n{}\n",
         total / 1000,
         took.as_secs_f64(),
         out::provenance()

@@ -17,6 +17,7 @@ pub mod backoff;
 pub mod identity;
 pub mod keylog;
 pub mod local;
+pub mod no_ecn;
 pub mod ovs_pki;
 pub mod pki;
 pub mod quic;

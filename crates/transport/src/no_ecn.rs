@@ -112,7 +112,10 @@ mod tests {
         };
         let u = without_ecn(&t);
         assert_eq!(u.ecn, None);
-        assert_eq!((u.destination, u.contents, u.segment_size), (to, &payload[..], Some(1)));
+        assert_eq!(
+            (u.destination, u.contents, u.segment_size),
+            (to, &payload[..], Some(1))
+        );
     }
 
     #[test]

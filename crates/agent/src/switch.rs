@@ -301,7 +301,9 @@ impl SwitchAgent {
 impl Inner {
     fn rebind(&self, to: SocketAddr) -> std::io::Result<SocketAddr> {
         let socket = quic::udp_socket(to)?;
-        self.endpoint.rebind(socket)?;
+        // The same socket wrapping as the endpoint's own (ECN setting).
+        self.endpoint
+            .rebind_abstract(quic::endpoint_socket(socket, self.config.common.quic.ecn)?)?;
         let now = self.endpoint.local_addr()?;
         info!(switch = %self.identity, local = %now, "moved to a new local address; the connection migrates");
         self.metrics.rebound(&self.identity);

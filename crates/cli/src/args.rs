@@ -433,6 +433,10 @@ pub struct CommonArgs {
     /// which every packet the peer sends to it carries. [default: 4]
     #[arg(long, value_name = "BYTES")]
     pub cid_len: Option<usize>,
+    /// Mark packets ECN-capable and report ECN counts in every ACK (3–6 bytes
+    /// more per ACK frame). [default: off, as Linux TCP without a peer's request]
+    #[arg(long)]
+    pub ecn: bool,
 }
 
 #[derive(Args, Debug)]
@@ -652,6 +656,7 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
                 },
             }),
         },
+        ecn: args.ecn || defaults.ecn,
         cid_len: match args.cid_len.or(file.cid_len.take()) {
             None => defaults.cid_len,
             Some(n) if quicsdn_transport::quic::CID_LENS.contains(&n) => n,

@@ -151,6 +151,9 @@ pub fn default_quic() -> QuicOptions {
         zero_rtt: false,
         stream_window: DEFAULT_STREAM_WINDOW,
         ack_frequency: None,
+        // As measured for the proxy's bulk transfers (the agents' default is
+        // off, for small messages: quicsdn_transport::no_ecn).
+        ecn: true,
         // No OVS echo to keep a proxied connection busy: half the grace period
         // (the agents' keepalive is tuned to OVS's echo cycle).
         keepalive: quicsdn_transport::quic::keepalive_for(QuicOptions::default().idle_timeout),

@@ -19,6 +19,7 @@ pub mod identity;
 pub mod keylog;
 pub mod local;
 pub mod loss_tolerant_bbr;
+pub mod no_ecn;
 pub mod ovs_pki;
 pub mod pki;
 pub mod quic;

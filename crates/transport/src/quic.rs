@@ -65,6 +65,11 @@ pub struct QuicOptions {
     /// short-header packet the peer sends to it carries (RFC 9000 §17.3.1).
     /// [`DEFAULT_CID_LEN`] by default; see [`CID_LENS`].
     pub cid_len: usize,
+    /// Mark packets ECT(0) and report ECN counts in ACK frames (RFC 9000
+    /// §13.4). Off by default for the agents: the counters cost 3–6 bytes in
+    /// every ACK frame, and TCP, the baseline, runs without ECN here
+    /// ([`crate::no_ecn`], docs/benchmarks.md).
+    pub ecn: bool,
     /// What the connection carries (its ALPN name, and what logs call each end).
     pub application: Application,
     /// How often the CA, certificate and key files are checked for a new
@@ -209,6 +214,7 @@ impl Default for QuicOptions {
             // Off: see the field's documentation.
             zero_length_cid: false,
             cid_len: DEFAULT_CID_LEN,
+            ecn: false,
             application: crate::tls::AGENTS,
             cert_poll: Some(crate::rotation::DEFAULT_POLL),
         }
@@ -277,6 +283,21 @@ pub fn udp_socket(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
 
 fn runtime() -> io::Result<Arc<dyn quinn::Runtime>> {
     quinn::default_runtime().ok_or_else(|| io::Error::other("no async runtime (quinn needs tokio)"))
+}
+
+/// `socket` as quinn's endpoint socket, with ECN or without it
+/// ([`QuicOptions::ecn`], [`crate::no_ecn`]). For new endpoints and for
+/// `Endpoint::rebind_abstract` alike, so a migration keeps the setting.
+pub fn endpoint_socket(
+    socket: std::net::UdpSocket,
+    ecn: bool,
+) -> io::Result<Arc<dyn quinn::AsyncUdpSocket>> {
+    let socket = runtime()?.wrap_udp_socket(socket)?;
+    Ok(if ecn {
+        socket
+    } else {
+        Arc::new(crate::no_ecn::NoEcn(socket))
+    })
 }
 
 /// The error type of endpoint construction.
@@ -372,7 +393,12 @@ pub fn server_endpoint(
     // it" (quinn does), so it amplifies nothing, and only a packet whose
     // connection ID passes the keyed check below earns one.
     config.min_reset_interval(Duration::ZERO);
-    let endpoint = Endpoint::new(config, Some(server.clone()), socket, runtime()?)?;
+    let endpoint = Endpoint::new_with_abstract_socket(
+        config,
+        Some(server.clone()),
+        endpoint_socket(socket, opts.ecn)?,
+        runtime()?,
+    )?;
     Ok((endpoint, server))
 }
 
@@ -574,7 +600,12 @@ pub fn client_endpoint(
             Box::new(quinn_proto::RandomConnectionIdGenerator::new(cid_len))
         });
     }
-    let mut endpoint = Endpoint::new(config, None, socket, runtime()?)?;
+    let mut endpoint = Endpoint::new_with_abstract_socket(
+        config,
+        None,
+        endpoint_socket(socket, opts.ecn)?,
+        runtime()?,
+    )?;
     endpoint.set_default_client_config(client_config(creds, opts)?);
     Ok(endpoint)
 }

@@ -894,9 +894,8 @@ async fn stand_in_hello(
     );
     let mut read = bytes::BytesMut::with_capacity(quicsdn_lanes::MIN_READ_CHUNK);
     let whole = |b: &[u8]| {
-        quicsdn_wire::openflow::Header::parse(b).is_some_and(|h| {
-            b.len() >= usize::from(h.length) || usize::from(h.length) < HEADER_LEN
-        })
+        quicsdn_wire::openflow::Header::parse(b)
+            .is_some_and(|h| b.len() >= usize::from(h.length) || usize::from(h.length) < HEADER_LEN)
     };
     let reading = async {
         while !whole(&read) {

@@ -146,8 +146,8 @@ mod tests {
     #[test]
     fn a_controller_hello_that_changes_the_version_is_refused() {
         // Remembered: 1.0-1.5; now the controller offers 1.0 only.
-        let mut s = HelloStandIn::new(&hello(OFP15_VERSION, RYU), &hello(OFP15_VERSION, RYU))
-            .unwrap();
+        let mut s =
+            HelloStandIn::new(&hello(OFP15_VERSION, RYU), &hello(OFP15_VERSION, RYU)).unwrap();
         assert_eq!(s.negotiated(), OFP15_VERSION);
         let e = s
             .push(Bytes::from(hello(OFP10_VERSION, 1 << 1)))
@@ -161,8 +161,8 @@ mod tests {
         );
         assert!(e.to_string().contains("0x01"), "{e}");
         // A different bitmap that negotiates the same version is fine.
-        let mut s = HelloStandIn::new(&hello(OFP15_VERSION, RYU), &hello(OFP13_VERSION, OVS13))
-            .unwrap();
+        let mut s =
+            HelloStandIn::new(&hello(OFP15_VERSION, RYU), &hello(OFP13_VERSION, OVS13)).unwrap();
         let same = hello(OFP13_VERSION, OVS13 | 1 << 1);
         assert_eq!(s.push(Bytes::from(same)).unwrap(), Bytes::new());
     }
@@ -178,7 +178,10 @@ mod tests {
         // A length field below the header's size cannot wait for more bytes.
         let mut s =
             HelloStandIn::new(&hello(OFP13_VERSION, OVS13), &hello(OFP13_VERSION, OVS13)).unwrap();
-        assert!(s.push(Bytes::from_static(&[4, 0, 0, 4, 0, 0, 0, 1])).is_err());
+        assert!(
+            s.push(Bytes::from_static(&[4, 0, 0, 4, 0, 0, 0, 1]))
+                .is_err()
+        );
         assert!(HelloStandIn::new(&message(4, 2, 1, &[]), &hello(4, OVS13)).is_err());
     }
 

@@ -114,7 +114,9 @@ mod tests {
             })
         );
         assert_eq!(
-            HelloOffer::parse(&hello(OFP10_VERSION, None)).unwrap().bitmap,
+            HelloOffer::parse(&hello(OFP10_VERSION, None))
+                .unwrap()
+                .bitmap,
             None
         );
         // An unknown element first, then the bitmap.

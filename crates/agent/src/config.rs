@@ -284,6 +284,11 @@ pub struct SwitchConfig {
     /// `--failback-interval`: while connected to any but the first controller
     /// agent, try the first this often.
     pub failback_interval: Duration,
+    /// Answer OVS's OpenFlow HELLO at once, from the controller's HELLO of the
+    /// previous session, while the controller agent is out of reach (on by
+    /// default; `--no-hello-stand-in` turns it off): see
+    /// [`quicsdn_lanes::hello`].
+    pub hello_stand_in: bool,
     pub common: CommonConfig,
 }
 
@@ -297,6 +302,7 @@ impl SwitchConfig {
             max_backoff: Duration::from_secs(8),
             reconnect_jitter: crate::admission::DEFAULT_RECONNECT_JITTER,
             failback_interval: DEFAULT_FAILBACK_INTERVAL,
+            hello_stand_in: true,
             common,
         }
     }

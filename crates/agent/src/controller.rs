@@ -616,7 +616,7 @@ async fn accept_for_switch(
                     Some(l) => {
                         // Registered links have completed their handshake: no 0-RTT retry.
                         let open =
-                            l.open_session(service.clone(), local.into_split(), Bytes::new());
+                            l.open_session(service.clone(), local.into_split(), Bytes::new(), None);
                         sessions.spawn(async move {
                             open.await;
                         });

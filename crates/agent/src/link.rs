@@ -161,6 +161,7 @@ impl Link {
                 .map(|w| CoalesceConfig::new(w, coalesce_epoch())),
             metrics: self.metrics.clone(),
             taps: self.taps.clone(),
+            hello: None,
         }
     }
 
@@ -233,6 +234,7 @@ impl Link {
         service: Arc<Service>,
         local: (LocalRead, LocalWrite),
         preread: Bytes,
+        hello: Option<session::HelloWatch>,
     ) -> Outcome {
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
         // A raw byte stream has no message boundaries to schedule by.
@@ -283,7 +285,10 @@ impl Link {
             initial: Bytes::new(),
             lanes,
         };
-        let info = self.info(&service, id, mode, true);
+        let info = SessionInfo {
+            hello,
+            ..self.info(&service, id, mode, true)
+        };
         session::run(info, self.conn.clone(), local, streams, early, preread).await
     }
 

@@ -33,8 +33,8 @@
 use bytes::{Bytes, BytesMut};
 use quicsdn_lanes::rules::Direction;
 use quicsdn_lanes::{
-    CoalesceConfig, Coalescer, EarlyGate, Inbound, InboundEvent, Outbound, PRIORITY_LANE,
-    StreamMode,
+    CoalesceConfig, Coalescer, EarlyGate, HelloStandIn, Inbound, InboundEvent, Outbound,
+    PRIORITY_LANE, StandInError, StreamMode,
 };
 use quicsdn_transport::local::{LocalRead, LocalWrite};
 use quicsdn_wire::FrameError;
@@ -98,6 +98,75 @@ pub struct SessionInfo {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// `quicsdn snoop` clients.
     pub taps: Arc<crate::tap::Taps>,
+    /// Switch agent, OpenFlow: what to do with the controller's HELLO.
+    pub hello: Option<HelloWatch>,
+}
+
+/// The switch agent's watch over the controller's HELLO on an OpenFlow
+/// session ([`quicsdn_lanes::hello`]): every session remembers it for the
+/// service; a session whose OVS connection already got a stand-in HELLO
+/// swallows it, and fails if it would negotiate another version.
+#[derive(Debug, Clone)]
+pub struct HelloWatch {
+    /// The controller's last HELLO on this service, shared by its sessions.
+    pub memory: Arc<std::sync::Mutex<Option<Bytes>>>,
+    /// The HELLO sent to OVS on the controller's behalf, and OVS's HELLO.
+    pub stand_in: Option<(Bytes, Bytes)>,
+}
+
+/// The in-pump's part of a [`HelloWatch`].
+enum HelloState {
+    /// Nothing to do (no watch, or the first message has passed).
+    Off,
+    Remember(Arc<std::sync::Mutex<Option<Bytes>>>),
+    Swallow(HelloStandIn, Arc<std::sync::Mutex<Option<Bytes>>>),
+}
+
+impl HelloState {
+    fn new(watch: Option<HelloWatch>) -> HelloState {
+        let Some(w) = watch else {
+            return HelloState::Off;
+        };
+        match w.stand_in {
+            None => HelloState::Remember(w.memory),
+            // The switch agent built the pair it checked: cannot fail here.
+            Some((sent, ovs)) => match HelloStandIn::new(&sent, &ovs) {
+                Ok(s) => HelloState::Swallow(s, w.memory),
+                Err(_) => HelloState::Remember(w.memory),
+            },
+        }
+    }
+
+    /// Passes the controller's runs of whole messages on, minus a swallowed
+    /// HELLO; remembers its first HELLO.
+    fn filter(&mut self, runs: Vec<Bytes>) -> Result<Vec<Bytes>, StandInError> {
+        let remember = |memory: &std::sync::Mutex<Option<Bytes>>, hello: &[u8]| {
+            *memory.lock().unwrap_or_else(|e| e.into_inner()) = Some(Bytes::copy_from_slice(hello));
+        };
+        match self {
+            HelloState::Off => Ok(runs),
+            HelloState::Remember(memory) => {
+                if let Some(first) = runs.iter().find(|r| !r.is_empty()) {
+                    if let Some(h) = quicsdn_lanes::hello::leading_hello(first) {
+                        remember(memory, h);
+                    }
+                    *self = HelloState::Off;
+                }
+                Ok(runs)
+            }
+            HelloState::Swallow(stand_in, memory) => {
+                let mut out = Vec::with_capacity(runs.len());
+                for r in runs {
+                    out.push(stand_in.push(r)?);
+                }
+                if let Some(h) = stand_in.swallowed() {
+                    remember(memory, h);
+                    *self = HelloState::Off;
+                }
+                Ok(out)
+            }
+        }
+    }
 }
 
 /// Where a connection's TLS handshake stands, for sessions started in 0-RTT.
@@ -211,6 +280,8 @@ enum End {
     RemoteStopped(VarInt),
     RemoteReset(VarInt),
     ConnectionLost(quinn::ConnectionError),
+    /// The controller's HELLO does not fit the one OVS got in its stead.
+    HelloMismatch(StandInError),
     /// The peer rejected 0-RTT: what this session sent early never arrived, and
     /// RFC 9001 §4.6.2 says the client "MUST reset the state of all streams,
     /// including application state bound to those streams".
@@ -229,7 +300,7 @@ impl End {
         match self {
             End::Finished | End::Aborted | End::LocalTruncated(_) | End::RemoteStopped(_) => None,
             End::LocalMalformed(_) => Some(code::MALFORMED_MESSAGE),
-            End::RemoteMalformed(_) => Some(code::PROTOCOL_VIOLATION),
+            End::RemoteMalformed(_) | End::HelloMismatch(_) => Some(code::PROTOCOL_VIOLATION),
             End::LocalIo(_) | End::ConnectionLost(_) | End::ZeroRttRejected => {
                 Some(code::LOCAL_ABORT)
             }
@@ -387,7 +458,7 @@ pub async fn run(
     );
     let inn = pump_in(
         wr,
-        inbound,
+        (inbound, HelloState::new(info.hello.clone())),
         (streams.recv, streams.initial),
         streams.lanes,
         events_tx,
@@ -514,6 +585,10 @@ fn log_end(
         End::RemoteMalformed(e) => warn!(
             %switch, %service, session,
             "session closed: invalid data from the {remote}: {e}"
+        ),
+        End::HelloMismatch(e) => warn!(
+            %switch, %service, session,
+            "session closed: {e}; OVS reconnects and negotiates with the controller's new HELLO"
         ),
         End::RemoteStopped(code) | End::RemoteReset(code) => {
             let reason = code::describe(code.into_inner());
@@ -940,7 +1015,7 @@ enum InEvent {
 #[allow(clippy::too_many_arguments)] // One pump's parts, named at its one caller.
 async fn pump_in(
     wr: LocalWrite,
-    inbound: Inbound,
+    inbound: (Inbound, HelloState),
     main: (RecvStream, Bytes),
     lanes: mpsc::UnboundedReceiver<Box<IncomingLane>>,
     events: mpsc::UnboundedSender<InboundEvent>,
@@ -1010,7 +1085,7 @@ async fn deliver(
 #[allow(clippy::too_many_arguments)] // One pump's parts, named at its one caller.
 async fn pump_in_inner(
     wr: &mut LocalWrite,
-    mut inbound: Inbound,
+    (mut inbound, mut hello): (Inbound, HelloState),
     main: (RecvStream, Bytes),
     mut lanes: mpsc::UnboundedReceiver<Box<IncomingLane>>,
     events: mpsc::UnboundedSender<InboundEvent>,
@@ -1084,6 +1159,10 @@ async fn pump_in_inner(
                 for (run, &lane) in runs.iter().zip(inbound.run_lanes()) {
                     tap.run(received, lane, streams[lane], run);
                 }
+                let runs = match hello.filter(runs) {
+                    Ok(runs) => runs,
+                    Err(e) => break (End::HelloMismatch(e), Some(code::PROTOCOL_VIOLATION)),
+                };
                 if let Err(f) = deliver(wr, runs, &mut gate, &mut abort, false, bytes, meter).await
                 {
                     break f;

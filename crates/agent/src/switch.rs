@@ -16,14 +16,16 @@ use crate::config::SwitchConfig;
 use crate::link::{Link, Scheduling};
 use crate::metrics::{Metrics, RefusalReason};
 use crate::services::{Service, ServiceTable};
-use crate::session::{Handshake, Outcome};
+use crate::session::{Handshake, HelloWatch, Outcome};
 use crate::{AgentError, Shutdown, control};
 use bytes::Bytes;
-use quicsdn_transport::local::{LocalListener, LocalStream};
+use quicsdn_transport::local::{LocalListener, LocalRead, LocalStream, LocalWrite};
 use quicsdn_transport::rotation::{self, Loaded, Policy, Refusal, Reloaded, RotationHandle};
 use quicsdn_transport::target::Target;
 use quicsdn_transport::tls::{Credentials, Role, TlsError};
 use quicsdn_transport::{identity, quic};
+use quicsdn_wire::Framing;
+use quicsdn_wire::openflow::HEADER_LEN;
 use quicsdn_wire::preamble::{Hello, Opener, code};
 use quinn::{Endpoint, VarInt};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -265,7 +267,7 @@ impl SwitchAgent {
 
     /// True while connected to the controller agent.
     pub fn is_connected(&self) -> bool {
-        matches!(&*self.inner.state.borrow(), LinkState::Up(l) if l.is_alive())
+        link_is_up(&self.inner)
     }
 
     /// Waits until connected, or `timeout` passes; true if connected.
@@ -782,6 +784,8 @@ async fn accept_local(
     shutdown: Shutdown,
 ) {
     let mut sessions = JoinSet::new();
+    // The controller's last HELLO on this service, for the stand-in.
+    let hello_memory = (service.framing == Framing::OpenFlow).then(Default::default);
     loop {
         let local = tokio::select! {
             r = listener.accept() => r,
@@ -791,7 +795,12 @@ async fn accept_local(
         };
         match local {
             Ok(local) => {
-                sessions.spawn(new_session(inner.clone(), service.clone(), local));
+                sessions.spawn(new_session(
+                    inner.clone(),
+                    service.clone(),
+                    local,
+                    hello_memory.clone(),
+                ));
             }
             Err(e) => {
                 // Typically EMFILE: wait a little rather than spin.
@@ -803,8 +812,33 @@ async fn accept_local(
     sessions.shutdown().await;
 }
 
-async fn new_session(inner: Arc<Inner>, service: Arc<Service>, local: LocalStream) {
+async fn new_session(
+    inner: Arc<Inner>,
+    service: Arc<Service>,
+    local: LocalStream,
+    hello_memory: Option<HelloMemory>,
+) {
     let (mut local, mut preread) = (local.into_split(), Bytes::new());
+    let mut hello = hello_memory.map(|memory| HelloWatch {
+        memory,
+        stand_in: None,
+    });
+    if let Some(w) = hello.as_mut()
+        && inner.config.hello_stand_in
+        && !link_is_up(&inner)
+    {
+        match stand_in_hello(&inner, &service, &w.memory, &mut local).await {
+            Ok(None) => {}
+            Ok(Some((pair, read))) => {
+                w.stand_in = Some(pair);
+                preread = read;
+            }
+            Err(why) => {
+                info!(switch = %inner.identity, service = %service.name, "closing OVS's connection: {why}");
+                return;
+            }
+        }
+    }
     loop {
         let Some(link) = link_for_session(&inner).await else {
             info!(
@@ -813,12 +847,80 @@ async fn new_session(inner: Arc<Inner>, service: Arc<Service>, local: LocalStrea
             );
             return;
         };
-        match link.open_session(service.clone(), local, preread).await {
+        match link
+            .open_session(service.clone(), local, preread, hello.clone())
+            .await
+        {
             Outcome::Done => return,
             // The 0-RTT data was rejected: the same OVS connection, on the next link.
             Outcome::Retry { local: l, replay } => (local, preread) = (l, replay),
         }
     }
+}
+
+/// The controller's last HELLO on one OpenFlow service.
+type HelloMemory = Arc<std::sync::Mutex<Option<Bytes>>>;
+
+fn link_is_up(inner: &Inner) -> bool {
+    matches!(&*inner.state.borrow(), LinkState::Up(l) if l.is_alive())
+}
+
+/// How long OVS's HELLO may take once its connection is open: it sends it at
+/// once (OpenFlow 1.3.5 §6.3.1: "each side of the connection must immediately
+/// send an OFPT_HELLO message").
+const OVS_HELLO_WAIT: Duration = Duration::from_secs(5);
+
+/// The controller agent is out of reach and OVS has just connected: answers
+/// OVS's HELLO with the controller's HELLO of the previous session, so OVS's
+/// HELLO wait (1 s) does not expire while the agent reconnects
+/// ([`quicsdn_lanes::hello`]), then reads OVS's HELLO, which still goes to
+/// the controller. Returns (the HELLO sent, OVS's HELLO) and every byte read
+/// from OVS; `None` if no HELLO is remembered yet (the first session waits as
+/// before).
+async fn stand_in_hello(
+    inner: &Inner,
+    service: &Service,
+    memory: &HelloMemory,
+    (rd, wr): &mut (LocalRead, LocalWrite),
+) -> Result<Option<((Bytes, Bytes), Bytes)>, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some(sent) = memory.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+        return Ok(None);
+    };
+    wr.write_all(&sent)
+        .await
+        .map_err(|e| format!("cannot send it the controller's HELLO: {e}"))?;
+    debug!(
+        switch = %inner.identity, service = %service.name,
+        "the controller agent is out of reach: answered OVS's HELLO with the controller's previous one"
+    );
+    let mut read = bytes::BytesMut::with_capacity(quicsdn_lanes::MIN_READ_CHUNK);
+    let whole = |b: &[u8]| {
+        quicsdn_wire::openflow::Header::parse(b)
+            .is_some_and(|h| b.len() >= usize::from(h.length) || usize::from(h.length) < HEADER_LEN)
+    };
+    let reading = async {
+        while !whole(&read) {
+            if read.len() > service.max_message {
+                break;
+            }
+            if rd.read_buf(&mut read).await? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+        Ok::<_, std::io::Error>(())
+    };
+    match tokio::time::timeout(OVS_HELLO_WAIT, reading).await {
+        Err(_) => return Err(format!("OVS sent no HELLO within {OVS_HELLO_WAIT:?}")),
+        Ok(Err(e)) => return Err(format!("OVS's connection failed before its HELLO: {e}")),
+        Ok(Ok(())) => {}
+    }
+    let ovs = quicsdn_lanes::hello::leading_hello(&read)
+        .ok_or_else(|| {
+            "OVS's first message is not a HELLO (OpenFlow 1.3.5 §6.3.1 says it must be)".to_string()
+        })?
+        .to_vec();
+    Ok(Some(((sent, Bytes::from(ovs)), read.freeze())))
 }
 
 /// The live link, waiting at most for one connection attempt (started now if the

@@ -33,6 +33,7 @@
 
 pub mod coalesce;
 pub mod early;
+pub mod hello;
 pub mod marker;
 pub mod rules;
 
@@ -41,6 +42,7 @@ mod outbound;
 
 pub use coalesce::{CoalesceConfig, Coalescer, Flush, FlushReason};
 pub use early::EarlyGate;
+pub use hello::{HelloStandIn, StandInError};
 pub use inbound::{Inbound, InboundEvent, TruncatedLane};
 pub use outbound::{Batch, Outbound};
 pub use rules::Direction;

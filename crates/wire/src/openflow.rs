@@ -9,6 +9,7 @@
 
 pub mod build;
 pub mod fields;
+pub mod hello;
 
 /// Size of `struct ofp_header` (OpenFlow 1.3.5 §7.1: `OFP_ASSERT(sizeof(struct ofp_header) == 8)`).
 pub const HEADER_LEN: usize = 8;

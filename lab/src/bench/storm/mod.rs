@@ -74,6 +74,8 @@ pub struct StormArgs {
     /// agents' defaults: --max-handshakes=1024, --reconnect-jitter=0s) or by
     /// `-capN` and/or `-jitterD` (e.g. `1rtt-cap64-jitter1s`); neither means no
     /// admission control (--max-handshakes=0, --reconnect-jitter=0s).
+    /// `-nostandin` turns the switch agents' HELLO stand-in off
+    /// (`--no-hello-stand-in`), for a before/after comparison.
     #[arg(long)]
     pub configs: Option<String>,
     /// Controller-agent restarts per configuration. [default: 2; 1 with --quick]
@@ -112,6 +114,10 @@ pub struct StormConfig {
     pub max_handshakes: usize,
     /// `--reconnect-jitter`.
     pub jitter: Duration,
+    /// The switch agents answer OVS's HELLO from the controller's previous
+    /// one while the controller agent is out of reach (the default; the part
+    /// `-nostandin` sets `--no-hello-stand-in`).
+    pub hello_stand_in: bool,
 }
 
 impl StormConfig {
@@ -119,8 +125,8 @@ impl StormConfig {
     pub fn parse(spec: &str) -> Result<StormConfig> {
         let bad = |why: String| {
             anyhow!(
-                "configuration {spec:?}: {why}; expected 0rtt or 1rtt, then -admission, -capN or \
-                 -jitterD (e.g. 0rtt-admission, 1rtt-cap64-jitter1s)"
+                "configuration {spec:?}: {why}; expected 0rtt or 1rtt, then -admission, -capN, \
+                 -jitterD or -nostandin (e.g. 0rtt-admission, 1rtt-cap64-jitter1s)"
             )
         };
         let mut parts = spec.split('-');
@@ -134,9 +140,12 @@ impl StormConfig {
             zero_rtt,
             max_handshakes: 0,
             jitter: Duration::ZERO,
+            hello_stand_in: true,
         };
         for p in parts {
-            if p == "admission" {
+            if p == "nostandin" {
+                c.hello_stand_in = false;
+            } else if p == "admission" {
                 c.max_handshakes = DEFAULT_MAX_HANDSHAKES;
                 c.jitter = DEFAULT_RECONNECT_JITTER;
             } else if let Some(n) = p.strip_prefix("cap") {
@@ -521,6 +530,7 @@ impl Bench {
             bind: Some("127.0.0.1:0".parse().expect("address")),
             max_backoff: Duration::from_secs(8),
             reconnect_jitter: cfg.jitter,
+            hello_stand_in: cfg.hello_stand_in,
             ..SwitchConfig::new(
                 ControllerTarget::new(format!("127.0.0.1:{}", self.port), "ctl"),
                 common,
@@ -547,6 +557,9 @@ impl Bench {
             .args(self.switch_services(i).map(|s| format!("--service={s}")));
         if !cfg.zero_rtt {
             c.arg("--no-zero-rtt");
+        }
+        if !cfg.hello_stand_in {
+            c.arg("--no-hello-stand-in");
         }
         let proc = spawn_service("quicsdn switch (storm)", &mut c, &log)?;
         poll_until(
@@ -1047,6 +1060,8 @@ mod tests {
         );
         let c = StormConfig::parse("1rtt-cap64-jitter1s").unwrap();
         assert_eq!((c.max_handshakes, c.jitter), (64, Duration::from_secs(1)));
+        assert!(c.hello_stand_in);
+        assert!(!StormConfig::parse("1rtt-nostandin").unwrap().hello_stand_in);
         assert_eq!(
             StormConfig::parse("0rtt-jitter250ms").unwrap().jitter,
             Duration::from_millis(250)

@@ -1,0 +1,169 @@
+//! The switch agent's HELLO stand-in (issue 18), on loopback: while the
+//! controller agent is down, OVS's new OpenFlow connection gets the
+//! controller's previous HELLO at once; when the controller agent is back, the
+//! controller receives OVS's HELLO as usual and its own HELLO is swallowed, so
+//! OVS's next message is the FEATURES_REQUEST. A controller whose new HELLO
+//! would negotiate another version gets the session closed, with a log line.
+
+mod support;
+
+use quicsdn_agent::{ControllerAgent, SwitchAgent};
+use quicsdn_wire::openflow::message;
+use std::net::SocketAddr;
+use std::time::Duration;
+use support::*;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A HELLO with a version bitmap (OpenFlow 1.3.5 §7.5.1).
+fn hello(version: u8, bitmap: u32, xid: u32) -> Vec<u8> {
+    let mut e = vec![0, 1, 0, 8];
+    e.extend_from_slice(&bitmap.to_be_bytes());
+    message(version, 0, xid, &e)
+}
+
+async fn read_exactly(s: &mut (impl AsyncRead + Unpin), n: usize, within: Duration) -> Vec<u8> {
+    let mut buf = vec![0; n];
+    tokio::time::timeout(within, s.read_exact(&mut buf))
+        .await
+        .expect("timed out reading")
+        .expect("read");
+    buf
+}
+
+/// Starts a controller agent on `addr`, once the old one has let it go.
+async fn controller_at(pki: &Pki, services: &[String], addr: SocketAddr) -> ControllerAgent {
+    let mut cfg = controller_config(pki, services);
+    cfg.listen = addr;
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Ok(c) = ControllerAgent::start(cfg.clone()).await {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the controller agent's address never became free")
+}
+
+/// OVS's new connection while the controller agent is down: the switch agent
+/// answers with `expect` within OVS's 1 s HELLO wait; OVS sends its HELLO.
+async fn ovs_reconnects(agent: &SwitchAgent, expect: &[u8], ovs_hello: &[u8]) -> TcpStream {
+    let mut ovs = ovs_connect(agent, "openflow").await;
+    ovs.write_all(ovs_hello).await.unwrap();
+    let got = read_exactly(&mut ovs, expect.len(), Duration::from_secs(1)).await;
+    assert_eq!(got, expect, "the controller's previous HELLO, at once");
+    ovs
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn ovs_gets_the_controllers_hello_while_the_controller_agent_restarts() {
+    let (logs, _guard) = LogCapture::install();
+    let pki = Pki::new();
+    let fake = FakeController::new().await;
+    let services = [format!("openflow={}", fake.target())];
+    let (controller, agent) = pair(
+        &pki,
+        "sw1",
+        &services,
+        &["openflow=ptcp:0:127.0.0.1".to_string()],
+        |_, s| s.common.quic.zero_rtt = false,
+    )
+    .await;
+    let addr = controller.local_addr().unwrap();
+    let ovs_hello = hello(4, 1 << 4, 1);
+    // os-ken's HELLO: 1.5 in the header, 1.0 to 1.5 in the bitmap.
+    let ctl_hello = hello(6, 0b111_1110, 9);
+    let features_request = message(4, 5, 10, &[]);
+
+    // The first session: both HELLOs cross as usual, and the switch agent
+    // remembers the controller's.
+    let mut ovs = ovs_connect(&agent, "openflow").await;
+    ovs.write_all(&ovs_hello).await.unwrap();
+    let mut ctl = fake.accept().await;
+    assert_eq!(read_exactly(&mut ctl, 16, PATIENCE).await, ovs_hello);
+    ctl.write_all(&ctl_hello).await.unwrap();
+    assert_eq!(read_exactly(&mut ovs, 16, PATIENCE).await, ctl_hello);
+
+    // The controller agent goes away; OVS reconnects while it is down.
+    controller.shutdown().await;
+    let mut eof = [0u8; 1];
+    let n = tokio::time::timeout(PATIENCE, ovs.read(&mut eof)).await;
+    assert!(matches!(n, Ok(Ok(0) | Err(_))), "OVS's connection closed");
+    let mut ovs = ovs_reconnects(&agent, &ctl_hello, &ovs_hello).await;
+
+    // Back: the controller gets OVS's HELLO; its own HELLO is swallowed.
+    let controller = controller_at(&pki, &services, addr).await;
+    let mut ctl = fake.accept().await;
+    assert_eq!(read_exactly(&mut ctl, 16, PATIENCE).await, ovs_hello);
+    ctl.write_all(&[ctl_hello.clone(), features_request.clone()].concat())
+        .await
+        .unwrap();
+    assert_eq!(
+        read_exactly(&mut ovs, 8, PATIENCE).await,
+        features_request,
+        "OVS sees one HELLO only"
+    );
+    // And the session carries on both ways.
+    let reply = message(4, 6, 10, &[0; 24]);
+    ovs.write_all(&reply).await.unwrap();
+    assert_eq!(read_exactly(&mut ctl, reply.len(), PATIENCE).await, reply);
+
+    // Again, but now the controller offers OpenFlow 1.0 only: OVS negotiated
+    // 1.3 with the stand-in, so the session must close.
+    controller.shutdown().await;
+    let n = tokio::time::timeout(PATIENCE, ovs.read(&mut eof)).await;
+    assert!(matches!(n, Ok(Ok(0) | Err(_))), "OVS's connection closed");
+    let mut ovs = ovs_reconnects(&agent, &ctl_hello, &ovs_hello).await;
+    let controller = controller_at(&pki, &services, addr).await;
+    let mut ctl = fake.accept().await;
+    assert_eq!(read_exactly(&mut ctl, 16, PATIENCE).await, ovs_hello);
+    ctl.write_all(&hello(1, 1 << 1, 11)).await.unwrap();
+    let n = tokio::time::timeout(PATIENCE, ovs.read(&mut eof)).await;
+    assert!(
+        matches!(n, Ok(Ok(0) | Err(_))),
+        "OVS's connection closed instead of receiving a second HELLO: {n:?}"
+    );
+    let lines = logs.lines_with(&["session closed", "negotiates OpenFlow version 0x01"]);
+    assert_eq!(lines.len(), 1, "{}", logs.text());
+    assert!(lines[0].contains("negotiated 0x04"), "{}", lines[0]);
+
+    agent.shutdown().await;
+    controller.shutdown().await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn without_the_stand_in_ovs_waits_for_the_controller() {
+    let pki = Pki::new();
+    let fake = FakeController::new().await;
+    let services = [format!("openflow={}", fake.target())];
+    let (controller, agent) = pair(
+        &pki,
+        "sw1",
+        &services,
+        &["openflow=ptcp:0:127.0.0.1".to_string()],
+        |_, s| {
+            s.common.quic.zero_rtt = false;
+            s.hello_stand_in = false;
+        },
+    )
+    .await;
+    let ovs_hello = hello(4, 1 << 4, 1);
+    let mut ovs = ovs_connect(&agent, "openflow").await;
+    ovs.write_all(&ovs_hello).await.unwrap();
+    let mut ctl = fake.accept().await;
+    read_exactly(&mut ctl, 16, PATIENCE).await;
+    ctl.write_all(&hello(6, 0b111_1110, 9)).await.unwrap();
+    read_exactly(&mut ovs, 16, PATIENCE).await;
+    controller.shutdown().await;
+    let mut ovs = ovs_connect(&agent, "openflow").await;
+    ovs.write_all(&ovs_hello).await.unwrap();
+    let mut b = [0u8; 1];
+    let got = tokio::time::timeout(Duration::from_secs(1), ovs.read(&mut b)).await;
+    assert!(
+        !matches!(got, Ok(Ok(n)) if n > 0),
+        "nothing but a close reaches OVS: {got:?}"
+    );
+    agent.shutdown().await;
+}

@@ -70,8 +70,7 @@ fn workers_of(supervisor: u32) -> Vec<(u8, u32)> {
             continue;
         };
         let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.first() == Some(&"Z") || fields.get(1) != Some(&supervisor.to_string().as_str())
-        {
+        if fields.first() == Some(&"Z") || fields.get(1) != Some(&supervisor.to_string().as_str()) {
             continue;
         }
         let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
@@ -99,8 +98,7 @@ fn two_workers_share_a_port_and_a_killed_one_gets_its_switches_back() {
         .unwrap();
     let work = dir.path();
     let pki = Pki::create(&work.join("pki")).unwrap();
-    for name in std::iter::once("ctl".to_string()).chain((1..=SWITCHES).map(|i| format!("sw{i}")))
-    {
+    for name in std::iter::once("ctl".to_string()).chain((1..=SWITCHES).map(|i| format!("sw{i}"))) {
         pki.issue(&name).unwrap();
     }
     let controller = CountingController::start().unwrap();
@@ -227,7 +225,10 @@ fn run(
     let before = workers_of(supervisor.pid);
     let (_, pid1) = *before.iter().find(|(i, _)| *i == 1).expect("worker 1");
     let t0 = controller.now();
-    ProcRecord::capture("worker 1", pid1).unwrap().kill().unwrap();
+    ProcRecord::capture("worker 1", pid1)
+        .unwrap()
+        .kill()
+        .unwrap();
     // Every switch of worker 1 back (a new OpenFlow handshake), all live.
     let dpid = |s: &str| s.trim_start_matches("sw").parse::<u64>().unwrap();
     let back = || -> BTreeSet<u64> {
@@ -243,8 +244,10 @@ fn run(
         Duration::from_secs(60),
         || {
             let b = back();
-            Ok((on1.iter().all(|s| b.contains(&dpid(s))) && controller.live() >= SWITCHES)
-                .then_some(()))
+            Ok(
+                (on1.iter().all(|s| b.contains(&dpid(s))) && controller.live() >= SWITCHES)
+                    .then_some(()),
+            )
         },
     )
     .unwrap_or_else(|e| {

@@ -115,13 +115,9 @@ impl ControllerAgent {
         let quic = services.quic_options(&config.common);
         let (endpoint, server_config) = match worker {
             None => quic::server_endpoint(config.listen, creds, &quic, sessions.clone())?,
-            Some(w) => quic::server_endpoint_on(
-                w.socket,
-                Some(w.index),
-                creds,
-                &quic,
-                sessions.clone(),
-            )?,
+            Some(w) => {
+                quic::server_endpoint_on(w.socket, Some(w.index), creds, &quic, sessions.clone())?
+            }
         };
         info!(
             listen = %endpoint.local_addr()?, identity = %creds.identity, services = %services.names(),

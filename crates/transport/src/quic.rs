@@ -380,9 +380,8 @@ pub fn server_endpoint_on(
     let cid_key = keys.connection_ids();
     let cid_len = opts.cid_len;
     match server_id {
-        None => config.cid_generator(move || {
-            Box::new(KeyedConnectionIdGenerator::new(cid_key, cid_len))
-        }),
+        None => config
+            .cid_generator(move || Box::new(KeyedConnectionIdGenerator::new(cid_key, cid_len))),
         Some(id) => {
             // Checked here so the closure below cannot fail.
             crate::quic_lb::ServerIdCidGenerator::new(crate::reuseport::CONFIG_ROTATION, &[id], 0)
@@ -434,8 +433,10 @@ pub fn server_config(
     // reuseport group (or a predecessor) issued is valid at any other, so a
     // switch that reconnects skips the address validation round trip
     // whichever worker its handshake reaches.
-    let mut server =
-        quinn::ServerConfig::new(Arc::new(crypto), Arc::new(RestartStableKeys::token_key(creds)));
+    let mut server = quinn::ServerConfig::new(
+        Arc::new(crypto),
+        Arc::new(RestartStableKeys::token_key(creds)),
+    );
     server.transport_config(Arc::new(transport_config(opts)?));
     Ok(server)
 }

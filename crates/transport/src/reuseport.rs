@@ -83,7 +83,8 @@ pub fn steering_program(workers: usize) -> Vec<libc::sock_filter> {
     vec![
         /* 0 */ insn(LDB_ABS, 0, 0, 0),
         // Header form bit (RFC 9000 §17.2 / §17.3): 1 is a long header.
-        /* 1 */ insn(JSET_K, 5, 0, 0x80),
+        /* 1 */
+        insn(JSET_K, 5, 0, 0x80),
         // Short header: DCID at octet 1.
         /* 2 */ insn(LDB_ABS, 0, 0, 1),
         /* 3 */ insn(JEQ_K, 0, 10, first),
@@ -91,7 +92,8 @@ pub fn steering_program(workers: usize) -> Vec<libc::sock_filter> {
         /* 5 */ insn(JGE_K, 8, 0, n),
         /* 6 */ insn(RET_A, 0, 0, 0),
         // Long header: DCID length at octet 5, DCID at octet 6.
-        /* 7 */ insn(LDB_ABS, 0, 0, 5),
+        /* 7 */
+        insn(LDB_ABS, 0, 0, 5),
         /* 8 */ insn(JEQ_K, 0, 5, len),
         /* 9 */ insn(LDB_ABS, 0, 0, 6),
         /* 10 */ insn(JEQ_K, 0, 3, first),
@@ -175,7 +177,8 @@ mod tests {
 
     /// Which socket of `group` receives `packet` from `from`.
     fn receiver(group: &[UdpSocket], from: &UdpSocket, packet: &[u8]) -> usize {
-        from.send_to(packet, group[0].local_addr().unwrap()).unwrap();
+        from.send_to(packet, group[0].local_addr().unwrap())
+            .unwrap();
         let mut buf = [0u8; 2048];
         for _ in 0..200 {
             for (i, s) in group.iter().enumerate() {
@@ -204,13 +207,20 @@ mod tests {
         for from in [&a, &b] {
             for id in 0..3u8 {
                 assert_eq!(receiver(&group, from, &short(id)), id as usize);
-                assert_eq!(receiver(&group, from, &long(len as u8, first, id)), id as usize);
+                assert_eq!(
+                    receiver(&group, from, &long(len as u8, first, id)),
+                    id as usize
+                );
             }
         }
         // Unroutable: a server id past the group, a foreign first octet, a
         // client-chosen 20-octet Initial ID. The hash decides, the same way
         // every time for one 4-tuple.
-        for p in [short(7), long(len as u8, first ^ 0x20, 1), long(20, 0x12, 1)] {
+        for p in [
+            short(7),
+            long(len as u8, first ^ 0x20, 1),
+            long(20, 0x12, 1),
+        ] {
             let i = receiver(&group, &a, &p);
             assert!(i < 3);
             for _ in 0..4 {

@@ -72,8 +72,32 @@ pub struct ControllerAgent {
     rotation: RotationHandle,
 }
 
+/// One worker of a controller agent whose workers share a UDP port
+/// (`--workers`, [`quicsdn_transport::reuseport`]): its socket of the group,
+/// opened by the supervisor, and its index, the server id its connection IDs
+/// carry.
+pub struct Worker {
+    pub socket: std::net::UdpSocket,
+    pub index: u8,
+}
+
 impl ControllerAgent {
     pub async fn start(config: ControllerConfig) -> Result<ControllerAgent, AgentError> {
+        Self::start_with(config, None).await
+    }
+
+    /// [`ControllerAgent::start`] as one worker of a reuseport group.
+    pub async fn start_worker(
+        config: ControllerConfig,
+        worker: Worker,
+    ) -> Result<ControllerAgent, AgentError> {
+        Self::start_with(config, Some(worker)).await
+    }
+
+    async fn start_with(
+        config: ControllerConfig,
+        worker: Option<Worker>,
+    ) -> Result<ControllerAgent, AgentError> {
         config.validate()?;
         let metrics = Metrics::new("controller");
         let mut loaded = Loaded::load(&config.common.tls)?;
@@ -89,8 +113,12 @@ impl ControllerAgent {
             None => SessionStore::in_memory(resumption::DEFAULT_CAPACITY),
         });
         let quic = services.quic_options(&config.common);
-        let (endpoint, server_config) =
-            quic::server_endpoint(config.listen, creds, &quic, sessions.clone())?;
+        let (endpoint, server_config) = match worker {
+            None => quic::server_endpoint(config.listen, creds, &quic, sessions.clone())?,
+            Some(w) => {
+                quic::server_endpoint_on(w.socket, Some(w.index), creds, &quic, sessions.clone())?
+            }
+        };
         info!(
             listen = %endpoint.local_addr()?, identity = %creds.identity, services = %services.names(),
             max_handshakes = config.max_handshakes,

@@ -516,6 +516,15 @@ pub struct ControllerArgs {
     /// pace the CPU allows instead of collapsing. 0: no limit. [default: 1024]
     #[arg(long, value_name = "N")]
     pub max_handshakes: Option<usize>,
+    /// Worker processes sharing the UDP port (SO_REUSEPORT), one per core to
+    /// use: a supervisor opens the port and keeps one agent process per
+    /// worker, steering every connection's packets to its worker by the
+    /// server id in its connection IDs, also after the switch's address
+    /// changes. Each worker keeps its own sessions; `--session-store`,
+    /// `--control` and a `--metrics` port get the worker index appended
+    /// (`FILE.0`, port + index). See docs/scale.md. [default: 1, no supervisor]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub workers: Option<u16>,
 }
 
 /// A configuration file: the flags' long names as keys.

@@ -7,6 +7,7 @@ mod proxy_args;
 mod snoop;
 mod systemd;
 mod units;
+mod workers;
 
 use anyhow::Result;
 use args::{Cli, Command, FileConfig, LogFormat, PkiCommand};
@@ -93,7 +94,26 @@ fn run(cli: Cli) -> Result<()> {
         Command::Controller(args) => {
             let file = FileConfig::load(args.common.quic.config.as_deref())?;
             log_level(&file)?;
-            let config = args.resolve(file)?;
+            let workers = args.workers;
+            let mut config = args.resolve(file)?;
+            if workers.is_some() && !matches!(config.common.transport, AgentTransport::Quic) {
+                anyhow::bail!("--workers: only for the QUIC transport");
+            }
+            if let Some((index, socket)) = workers::from_env()? {
+                workers::per_worker(&mut config, index)?;
+                // One thread per worker unless told: workers are the cores.
+                return runtime(Some(cli.threads.unwrap_or(1)))?.block_on(async {
+                    let worker = quicsdn_agent::controller::Worker { socket, index };
+                    let agent = ControllerAgent::start_worker(config, worker).await?;
+                    serve_until_stopped(|| agent.reload_credentials()).await?;
+                    info!(worker = index, "shutting down");
+                    agent.shutdown().await;
+                    Ok(())
+                });
+            }
+            if let Some(n) = workers.filter(|&n| n > 1) {
+                return workers::supervise(n.into(), config.listen);
+            }
             if let AgentTransport::Udp(profile) = config.common.transport {
                 return runtime(cli.threads)?.block_on(async {
                     let agent = UdpControllerAgent::start(config, profile).await?;

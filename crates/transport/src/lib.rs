@@ -25,6 +25,7 @@ pub mod pki;
 pub mod quic;
 pub mod quic_lb;
 pub mod resumption;
+pub mod reuseport;
 pub mod rotation;
 pub mod shutdown;
 pub mod target;

@@ -266,8 +266,17 @@ pub fn transport_config(opts: &QuicOptions) -> Result<TransportConfig, TlsError>
 
 /// A UDP socket for an endpoint, bound to `addr`, with large buffers.
 pub fn udp_socket(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    udp_socket_with(addr, false)
+}
+
+/// [`udp_socket`], joining `addr`'s `SO_REUSEPORT` group if `reuse_port`
+/// (see [`crate::reuseport`]).
+pub fn udp_socket_with(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
     if addr.is_ipv6() {
         // Accept IPv4-mapped peers on [::] as ovsdb-server and ovs-vswitchd do.
         let _ = socket.set_only_v6(false);
@@ -378,13 +387,47 @@ pub fn server_endpoint(
     opts: &QuicOptions,
     sessions: Arc<SessionStore>,
 ) -> Result<(Endpoint, quinn::ServerConfig), EndpointError> {
+    server_endpoint_on(udp_socket(listen)?, None, creds, opts, sessions)
+}
+
+/// [`server_endpoint`] on a socket opened beforehand, and, as one of several
+/// workers sharing its port ([`crate::reuseport`]), with connection IDs that
+/// carry `server_id` ([`crate::quic_lb`]). All workers derive the same keys
+/// (stateless reset, connection-ID check, address-validation tokens) from
+/// the private key and the shared address; their server ids keep their IDs
+/// apart, so a worker neither claims nor resets another's connections.
+pub fn server_endpoint_on(
+    socket: std::net::UdpSocket,
+    server_id: Option<u8>,
+    creds: &Credentials,
+    opts: &QuicOptions,
+    sessions: Arc<SessionStore>,
+) -> Result<(Endpoint, quinn::ServerConfig), EndpointError> {
+    let listen = socket.local_addr()?;
     let server = server_config(creds, opts, sessions)?;
-    let socket = udp_socket(listen)?;
     let keys = RestartStableKeys::new(creds, listen);
     let mut config = EndpointConfig::new(keys.stateless_reset());
     let cid_key = keys.connection_ids();
     let cid_len = opts.cid_len;
-    config.cid_generator(move || Box::new(KeyedConnectionIdGenerator::new(cid_key, cid_len)));
+    match server_id {
+        None => config
+            .cid_generator(move || Box::new(KeyedConnectionIdGenerator::new(cid_key, cid_len))),
+        Some(id) => {
+            // Checked here so the closure below cannot fail.
+            crate::quic_lb::ServerIdCidGenerator::new(crate::reuseport::CONFIG_ROTATION, &[id], 0)
+                .map_err(|e| TlsError::Config(e.to_string()))?;
+            config.cid_generator(move || {
+                Box::new(
+                    crate::quic_lb::ServerIdCidGenerator::new(
+                        crate::reuseport::CONFIG_ROTATION,
+                        &[id],
+                        cid_key,
+                    )
+                    .expect("checked above"),
+                )
+            })
+        }
+    };
     // After a crash every switch agent lost contact at the same instant, so
     // their probes arrive together; quinn's default of one reset per 20 ms
     // answered a few per burst and left the rest to their grace period. No
@@ -420,7 +463,15 @@ pub fn server_config(
         tls.max_early_data_size = u32::MAX;
     }
     let crypto = QuicServerConfig::try_from(tls).map_err(|e| TlsError::Config(e.to_string()))?;
-    let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    // Address-validation tokens (Retry and NEW_TOKEN, RFC 9000 §8.1) keyed
+    // from the private key, not drawn at random: a token one worker of a
+    // reuseport group (or a predecessor) issued is valid at any other, so a
+    // switch that reconnects skips the address validation round trip
+    // whichever worker its handshake reaches.
+    let mut server = quinn::ServerConfig::new(
+        Arc::new(crypto),
+        Arc::new(RestartStableKeys::token_key(creds)),
+    );
     server.transport_config(Arc::new(transport_config(opts)?));
     Ok(server)
 }
@@ -471,6 +522,18 @@ impl RestartStableKeys {
             .expand(&info, ring::hmac::HMAC_SHA256)
             .expect("HMAC-SHA256's key length is a valid HKDF-SHA256 output length");
         Arc::new(ring::hmac::Key::from(okm))
+    }
+
+    /// The address-validation token key: one per private key, whatever the
+    /// address (a token is only ever checked by the issuer's own key).
+    fn token_key(creds: &Credentials) -> ring::hkdf::Prk {
+        let salt = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, b"quicsdn controller agent v1");
+        let prk = salt.extract(creds.private_key_der());
+        let mut key = [0u8; 32];
+        prk.expand(&[b"address validation tokens".as_slice()], Len(key.len()))
+            .and_then(|okm| okm.fill(&mut key))
+            .expect("32 bytes is a valid HKDF-SHA256 output length");
+        ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, &[]).extract(&key)
     }
 
     fn connection_ids(&self) -> u64 {

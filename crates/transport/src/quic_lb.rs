@@ -17,8 +17,8 @@
 //! (RFC 9000 §10.3). Agents that share a port share that key and the reset
 //! key; their server ids tell them apart.
 //!
-//! Not yet used by the agents: the reuseport program and the shared ticket
-//! store are missing (docs/scale.md).
+//! Used by the controller agent's workers (`--workers`, [`crate::reuseport`]):
+//! one-octet server ids, the worker's index.
 
 use quinn_proto::{ConnectionId, ConnectionIdGenerator, HashedConnectionIdGenerator, InvalidCid};
 use std::time::Duration;

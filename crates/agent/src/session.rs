@@ -157,7 +157,16 @@ impl HelloState {
             HelloState::Swallow(stand_in, memory) => {
                 let mut out = Vec::with_capacity(runs.len());
                 for r in runs {
-                    out.push(stand_in.push(r)?);
+                    match stand_in.push(r) {
+                        Ok(r) => out.push(r),
+                        Err(e) => {
+                            // The controller now offers other versions: forget
+                            // its old HELLO, so OVS's next connection takes the
+                            // normal path and learns the new one (one reconnect).
+                            *memory.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                            return Err(e);
+                        }
+                    }
                 }
                 if let Some(h) = stand_in.swallowed() {
                     remember(memory, h);

@@ -481,10 +481,10 @@ pub struct SwitchArgs {
     /// (docs/benchmarks.md). [default: false]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub zero_length_cid: Option<bool>,
-    /// Do not answer OVS's OpenFlow HELLO on the controller's behalf. By
-    /// default, once the controller has sent a HELLO, the agent answers each
-    /// new OVS connection at once with it, so OVS's 1 s HELLO wait does not
-    /// expire during a controller-agent restart, and swallows the
+    /// Do not answer OVS's OpenFlow HELLO on the controller's behalf while the
+    /// controller agent is out of reach. By default the agent sends OVS the
+    /// HELLO the controller sent in the previous session, so OVS's 1 s HELLO
+    /// wait does not expire during a controller-agent restart, and swallows the
     /// controller's own HELLO when it comes (closing the session if it would
     /// negotiate another version).
     #[arg(long)]

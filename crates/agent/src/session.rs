@@ -157,16 +157,7 @@ impl HelloState {
             HelloState::Swallow(stand_in, memory) => {
                 let mut out = Vec::with_capacity(runs.len());
                 for r in runs {
-                    match stand_in.push(r) {
-                        Ok(r) => out.push(r),
-                        Err(e) => {
-                            // The controller now offers other versions: forget
-                            // its old HELLO, so OVS's next connection takes the
-                            // normal path and learns the new one (one reconnect).
-                            *memory.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                            return Err(e);
-                        }
-                    }
+                    out.push(stand_in.push(r)?);
                 }
                 if let Some(h) = stand_in.swallowed() {
                     remember(memory, h);

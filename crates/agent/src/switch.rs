@@ -823,13 +823,9 @@ async fn new_session(
         memory,
         stand_in: None,
     });
-    // Whatever the link's state: a link that is up may still be a 0-RTT
-    // connection to a controller agent that has just restarted under a
-    // thousand switches, and the real HELLO then takes longer than OVS waits.
-    // When the controller answers quickly, the stand-in only sends the same
-    // HELLO a few milliseconds earlier.
     if let Some(w) = hello.as_mut()
         && inner.config.hello_stand_in
+        && !link_is_up(&inner)
     {
         match stand_in_hello(&inner, &service, &w.memory, &mut local).await {
             Ok(None) => {}
@@ -874,9 +870,9 @@ fn link_is_up(inner: &Inner) -> bool {
 /// send an OFPT_HELLO message").
 const OVS_HELLO_WAIT: Duration = Duration::from_secs(5);
 
-/// OVS has just connected: answers OVS's HELLO with the controller's HELLO
-/// of the previous session, so OVS's HELLO wait (1 s) does not expire while
-/// the agent reconnects or a restarted controller agent catches up
+/// The controller agent is out of reach and OVS has just connected: answers
+/// OVS's HELLO with the controller's HELLO of the previous session, so OVS's
+/// HELLO wait (1 s) does not expire while the agent reconnects
 /// ([`quicsdn_lanes::hello`]), then reads OVS's HELLO, which still goes to
 /// the controller. Returns (the HELLO sent, OVS's HELLO) and every byte read
 /// from OVS; `None` if no HELLO is remembered yet (the first session waits as
@@ -896,7 +892,7 @@ async fn stand_in_hello(
         .map_err(|e| format!("cannot send it the controller's HELLO: {e}"))?;
     debug!(
         switch = %inner.identity, service = %service.name,
-        "answered OVS's HELLO with the controller's previous one"
+        "the controller agent is out of reach: answered OVS's HELLO with the controller's previous one"
     );
     let mut read = bytes::BytesMut::with_capacity(quicsdn_lanes::MIN_READ_CHUNK);
     let whole = |b: &[u8]| {

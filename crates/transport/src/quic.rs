@@ -508,11 +508,16 @@ impl ring::hkdf::KeyType for Len {
 
 impl RestartStableKeys {
     fn new(creds: &Credentials, listen: SocketAddr) -> Self {
-        let salt = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, b"quicsdn controller agent v1");
         RestartStableKeys {
-            prk: salt.extract(creds.private_key_der()),
+            prk: Self::master(creds),
             address: listen.to_string(),
         }
+    }
+
+    /// The pseudorandom key every restart-stable key is expanded from.
+    fn master(creds: &Credentials) -> ring::hkdf::Prk {
+        let salt = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, b"quicsdn controller agent v1");
+        salt.extract(creds.private_key_der())
     }
 
     fn stateless_reset(&self) -> Arc<dyn quinn::crypto::HmacKey> {
@@ -527,10 +532,9 @@ impl RestartStableKeys {
     /// The address-validation token key: one per private key, whatever the
     /// address (a token is only ever checked by the issuer's own key).
     fn token_key(creds: &Credentials) -> ring::hkdf::Prk {
-        let salt = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, b"quicsdn controller agent v1");
-        let prk = salt.extract(creds.private_key_der());
         let mut key = [0u8; 32];
-        prk.expand(&[b"address validation tokens".as_slice()], Len(key.len()))
+        Self::master(creds)
+            .expand(&[b"address validation tokens".as_slice()], Len(key.len()))
             .and_then(|okm| okm.fill(&mut key))
             .expect("32 bytes is a valid HKDF-SHA256 output length");
         ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, &[]).extract(&key)

@@ -106,10 +106,13 @@ pub struct SessionInfo {
 /// session ([`quicsdn_lanes::hello`]): every session remembers it for the
 /// service; a session whose OVS connection already got a stand-in HELLO
 /// swallows it, and fails if it would negotiate another version.
+/// The controller's last HELLO on one OpenFlow service, shared by its sessions.
+pub type HelloMemory = Arc<std::sync::Mutex<Option<Bytes>>>;
+
 #[derive(Debug, Clone)]
 pub struct HelloWatch {
     /// The controller's last HELLO on this service, shared by its sessions.
-    pub memory: Arc<std::sync::Mutex<Option<Bytes>>>,
+    pub memory: HelloMemory,
     /// The HELLO sent to OVS on the controller's behalf, and OVS's HELLO.
     pub stand_in: Option<(Bytes, Bytes)>,
 }
@@ -118,8 +121,8 @@ pub struct HelloWatch {
 enum HelloState {
     /// Nothing to do (no watch, or the first message has passed).
     Off,
-    Remember(Arc<std::sync::Mutex<Option<Bytes>>>),
-    Swallow(HelloStandIn, Arc<std::sync::Mutex<Option<Bytes>>>),
+    Remember(HelloMemory),
+    Swallow(HelloStandIn, HelloMemory),
 }
 
 impl HelloState {

@@ -16,7 +16,7 @@ use crate::config::SwitchConfig;
 use crate::link::{Link, Scheduling};
 use crate::metrics::{Metrics, RefusalReason};
 use crate::services::{Service, ServiceTable};
-use crate::session::{Handshake, HelloWatch, Outcome};
+use crate::session::{Handshake, HelloMemory, HelloWatch, Outcome};
 use crate::{AgentError, Shutdown, control};
 use bytes::Bytes;
 use quicsdn_transport::local::{LocalListener, LocalRead, LocalStream, LocalWrite};
@@ -857,9 +857,6 @@ async fn new_session(
         }
     }
 }
-
-/// The controller's last HELLO on one OpenFlow service.
-type HelloMemory = Arc<std::sync::Mutex<Option<Bytes>>>;
 
 fn link_is_up(inner: &Inner) -> bool {
     matches!(&*inner.state.borrow(), LinkState::Up(l) if l.is_alive())

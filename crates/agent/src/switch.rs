@@ -69,7 +69,10 @@ struct Inner {
     config: SwitchConfig,
     identity: Arc<str>,
     services: Arc<ServiceTable>,
-    endpoint: Endpoint,
+    /// The QUIC endpoint of the current connection (or of the last one).
+    /// With zero-length connection IDs a new connection may get a new one
+    /// ([`Inner::endpoint_for_attempt`]).
+    endpoint: std::sync::Mutex<Endpoint>,
     /// `--controller`, in order of preference.
     controllers: Vec<Controller>,
     state: watch::Sender<LinkState>,
@@ -101,8 +104,19 @@ pub struct SwitchAgent {
 impl SwitchAgent {
     /// Loads credentials, binds the local listeners and starts connecting. Errors
     /// here are configuration errors: nothing is left running.
-    pub async fn start(config: SwitchConfig) -> Result<SwitchAgent, AgentError> {
+    pub async fn start(mut config: SwitchConfig) -> Result<SwitchAgent, AgentError> {
         config.validate()?;
+        if config.common.quic.zero_length_cid && config.bind.is_some_and(|b| b.port() != 0) {
+            // Zero-length IDs need a new UDP port for a connection made
+            // while the previous one drains (`Inner::endpoint_for_attempt`);
+            // a fixed port has no second socket.
+            info!(
+                "--bind with a fixed port: connection IDs of {} bytes instead of zero-length ones \
+                 (those need a new UDP port per connection)",
+                config.common.quic.cid_len
+            );
+            config.common.quic.zero_length_cid = false;
+        }
         let metrics = Metrics::new("switch");
         let mut loaded = Loaded::load(&config.common.tls)?;
         loaded.creds.on_reject = Some(metrics.rejection_hook());
@@ -154,7 +168,7 @@ impl SwitchAgent {
             config,
             identity,
             services,
-            endpoint,
+            endpoint: std::sync::Mutex::new(endpoint),
             controllers,
             state,
             kick: Notify::new(),
@@ -254,7 +268,7 @@ impl SwitchAgent {
 
     /// The local UDP address of the QUIC endpoint.
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.inner.endpoint.local_addr()
+        self.inner.endpoint().local_addr()
     }
 
     /// Moves the QUIC endpoint to a new local UDP address (port 0 picks one), as
@@ -291,22 +305,71 @@ impl SwitchAgent {
     /// listening and removes socket files.
     pub async fn shutdown(mut self) {
         self.shutdown.trigger();
-        self.inner.endpoint.close(
+        let endpoint = self.inner.endpoint();
+        endpoint.close(
             VarInt::from_u32(code::SHUTDOWN),
             b"switch agent shutting down",
         );
         while self.tasks.join_next().await.is_some() {}
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
     }
 }
 
 impl Inner {
+    fn endpoint(&self) -> Endpoint {
+        self.endpoint
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The endpoint for a new connection. quinn finds the connection a packet
+    /// with a zero-length connection ID belongs to by the sender's address
+    /// alone, one connection per remote address and endpoint, and when a
+    /// connection ends it forgets whatever that address maps to. So a new
+    /// connection to a controller agent the switch agent's previous
+    /// connection is still draining from (a restarted controller agent closed
+    /// it, or a rejected 0-RTT attempt was closed here, RFC 9000 §10.2) would
+    /// lose its packets once the old one is gone: the storm test saw 40 of 50
+    /// switch agents need a second connection. With zero-length IDs, a new
+    /// connection therefore gets an endpoint of its own (a new UDP port) while
+    /// the current endpoint still holds a connection; the old endpoint drains
+    /// and closes by itself (quinn's endpoint driver outlives the last handle
+    /// while it has connections). The 0-RTT session tickets live in the
+    /// controller agent's client configuration, not in the endpoint, so they
+    /// carry over.
+    fn endpoint_for_attempt(&self) -> Result<Endpoint, String> {
+        let current = self.endpoint();
+        if !self.config.common.quic.zero_length_cid || current.open_connections() == 0 {
+            return Ok(current);
+        }
+        let local = current
+            .local_addr()
+            .map_err(|e| format!("the QUIC endpoint's address: {e}"))?;
+        let opts = self.services.quic_options(&self.config.common);
+        let fresh =
+            quic::client_endpoint_for_connect_with(SocketAddr::new(local.ip(), 0), &opts)
+                .map_err(|e| format!("cannot open a QUIC endpoint for a new connection: {e}"))?;
+        debug!(
+            switch = %self.identity,
+            local = ?fresh.local_addr().ok(),
+            "a new UDP port for the new connection while the previous one drains (zero-length connection IDs)"
+        );
+        Ok(fresh)
+    }
+
+    /// `endpoint` carries the connection now: rebinding, the status and
+    /// shutdown act on it.
+    fn adopt(&self, endpoint: &Endpoint) {
+        *self.endpoint.lock().unwrap_or_else(|e| e.into_inner()) = endpoint.clone();
+    }
+
     fn rebind(&self, to: SocketAddr) -> std::io::Result<SocketAddr> {
         let socket = quic::udp_socket(to)?;
+        let endpoint = self.endpoint();
         // The same socket wrapping as the endpoint's own (ECN setting).
-        self.endpoint
-            .rebind_abstract(quic::endpoint_socket(socket, self.config.common.quic.ecn)?)?;
-        let now = self.endpoint.local_addr()?;
+        endpoint.rebind_abstract(quic::endpoint_socket(socket, self.config.common.quic.ecn)?)?;
+        let now = endpoint.local_addr()?;
         info!(switch = %self.identity, local = %now, "moved to a new local address; the connection migrates");
         self.metrics.rebound(&self.identity);
         Ok(now)
@@ -351,7 +414,7 @@ impl control::Handler for Control {
         let status = control::Status {
             role: "switch".into(),
             local_addr: inner
-                .endpoint
+                .endpoint()
                 .local_addr()
                 .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0))),
             connections: match &*inner.state.borrow() {
@@ -389,7 +452,7 @@ impl control::Handler for Control {
         let to = match bind {
             Some(b) => b,
             None => {
-                let now = self.0.endpoint.local_addr().map_err(|e| e.to_string())?;
+                let now = self.0.endpoint().local_addr().map_err(|e| e.to_string())?;
                 SocketAddr::new(now.ip(), 0)
             }
         };
@@ -629,10 +692,11 @@ async fn connect_once(inner: &Arc<Inner>, index: usize, probe: bool) -> Result<A
         .map_err(|e| Attempt::Failed(format!("cannot resolve {}: {e}", target.addr), None))?
         .next()
         .ok_or_else(|| Attempt::Failed(format!("{} resolves to no address", target.addr), None))?;
+    let endpoint = inner
+        .endpoint_for_attempt()
+        .map_err(|e| Attempt::Failed(e, None))?;
     let connecting = match &inner.qlog {
-        None => inner
-            .endpoint
-            .connect_with(target.client(), addr, &target.server_name),
+        None => endpoint.connect_with(target.client(), addr, &target.server_name),
         Some((qlog, opts)) => {
             let name = format!(
                 "{}-{}-switch",
@@ -646,9 +710,7 @@ async fn connect_once(inner: &Arc<Inner>, index: usize, probe: bool) -> Result<A
             debug!(switch = %inner.identity, qlog = %path.display(), "qlog of this connection");
             let mut client = target.client();
             client.transport_config(transport);
-            inner
-                .endpoint
-                .connect_with(client, addr, &target.server_name)
+            endpoint.connect_with(client, addr, &target.server_name)
         }
     };
     let mut connecting = connecting
@@ -688,6 +750,7 @@ async fn connect_once(inner: &Arc<Inner>, index: usize, probe: bool) -> Result<A
                     handshake,
                     hello,
                 ));
+                inner.adopt(&endpoint);
                 return Ok(link);
             }
             Err(c) => connecting = c,
@@ -706,7 +769,10 @@ async fn connect_once(inner: &Arc<Inner>, index: usize, probe: bool) -> Result<A
         })?;
         let link = new_link(conn, None);
         match link.hello_as_client().await {
-            Ok(_) => Ok(link),
+            Ok(_) => {
+                inner.adopt(&endpoint);
+                Ok(link)
+            }
             // TLS 1.3: the controller agent checks our certificate after our
             // side of the handshake completed, so its refusal lands here.
             Err(e) => Err(Attempt::Failed(

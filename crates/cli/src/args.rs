@@ -475,10 +475,10 @@ pub struct SwitchArgs {
     #[arg(long, value_name = "NAME")]
     pub switch_name: Option<String>,
     /// Use zero-length QUIC connection IDs on this side: the controller agent's
-    /// packets to this switch then carry no connection ID (8 bytes less each).
-    /// Not the default: a switch agent reconnecting to a restarted controller
-    /// agent may confuse its new connection with the lingering old one
-    /// (docs/benchmarks.md). [default: false]
+    /// packets to this switch then carry no connection ID (4 bytes less each
+    /// than with --cid-len 4). A connection made while the previous one still
+    /// drains gets a new UDP port; with a fixed --bind port they are off
+    /// (docs/benchmarks.md). [default: true]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub zero_length_cid: Option<bool>,
     /// Do not answer OVS's OpenFlow HELLO on the controller's behalf while the
@@ -909,7 +909,7 @@ mod tests {
             d.common.quic.ack_frequency,
             Some(quicsdn_transport::quic::DEFAULT_ACK_FREQUENCY)
         );
-        assert!(!d.common.quic.zero_length_cid);
+        assert!(d.common.quic.zero_length_cid);
         assert_eq!(d.common.quic.keepalive, Duration::from_millis(5250));
         assert_eq!(
             d.common.coalesce,
@@ -918,7 +918,7 @@ mod tests {
         let knobs = switch(&[
             "--ack-threshold",
             "off",
-            "--zero-length-cid=true",
+            "--zero-length-cid=false",
             "--coalesce",
             "off",
             "--grace",
@@ -926,7 +926,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(knobs.common.quic.ack_frequency, None);
-        assert!(knobs.common.quic.zero_length_cid);
+        assert!(!knobs.common.quic.zero_length_cid);
         assert_eq!(knobs.common.coalesce, None);
         assert_eq!(knobs.common.quic.keepalive, Duration::from_millis(8750));
         assert!(switch(&["--ack-threshold", "many"]).is_err());

@@ -157,6 +157,9 @@ pub fn default_quic() -> QuicOptions {
         // No OVS echo to keep a proxied connection busy: half the grace period
         // (the agents' keepalive is tuned to OVS's echo cycle).
         keepalive: quicsdn_transport::quic::keepalive_for(QuicOptions::default().idle_timeout),
+        // The proxy client reconnects on one endpoint, which zero-length
+        // connection IDs do not allow (see the field).
+        zero_length_cid: false,
         ..QuicOptions::default()
     }
 }

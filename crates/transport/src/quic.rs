@@ -53,13 +53,17 @@ pub struct QuicOptions {
     pub ack_frequency: Option<AckFrequency>,
     /// Switch side only: use zero-length connection IDs for this endpoint, so the
     /// controller agent's packets to the switch carry no destination connection ID
-    /// (8 bytes less per packet). The switch agent has one connection, so it needs
-    /// no connection ID to find it; its address and port identify it. Off by
-    /// default: quinn then routes the controller agent's packets by its
-    /// address alone, so a new connection to the same controller agent while
-    /// the previous one still lingers (a controller agent restart) cannot be
-    /// told apart from it; in the storm test 40 of 50 switch agents then
-    /// needed a second connection (docs/benchmarks.md).
+    /// ([`DEFAULT_CID_LEN`] bytes less per packet). The switch agent has one
+    /// connection per endpoint, so it needs no connection ID to find it; its
+    /// address and port identify it. On by default for the switch agent. quinn
+    /// routes the controller agent's packets to such an endpoint by their
+    /// sender's address alone, so a new connection to the same controller
+    /// agent while the previous one still lingers (a controller agent restart)
+    /// cannot share the endpoint with it: the switch agent opens a new
+    /// endpoint (UDP port) for it (`quicsdn_agent`'s switch agent; before it
+    /// did, 40 of 50 switch agents in the storm test needed a second
+    /// connection, docs/benchmarks.md). Callers that reconnect on one
+    /// endpoint (the proxy) turn it off.
     pub zero_length_cid: bool,
     /// Length in bytes of the connection IDs this endpoint issues, which every
     /// short-header packet the peer sends to it carries (RFC 9000 §17.3.1).
@@ -160,10 +164,11 @@ pub const DEFAULT_ACK_FREQUENCY: AckFrequency = AckFrequency {
 
 /// The connection ID length the agents issue by default: 4 bytes instead of
 /// quinn's 8, 4 bytes less in every packet either way. Still a non-zero
-/// length, so quinn routes by connection ID and not by address alone (the
-/// storm test failed with zero-length IDs, see [`QuicOptions::zero_length_cid`]).
-/// Enough for either side: the switch agent has a connection or two, with 8
-/// IDs each; the controller agent's IDs have a 3-byte random part (16 M
+/// length, so quinn routes by connection ID and not by address alone. The
+/// switch agent's own IDs are zero-length by default
+/// ([`QuicOptions::zero_length_cid`]); this is their length with
+/// `--zero-length-cid=false`. Enough for either side: the switch agent has a
+/// connection or two, with 8 IDs each; the controller agent's IDs have a 3-byte random part (16 M
 /// values; quinn draws again on a collision) and a 1-byte keyed check
 /// ([`KeyedConnectionIdGenerator`]).
 pub const DEFAULT_CID_LEN: usize = 4;
@@ -211,8 +216,8 @@ impl Default for QuicOptions {
             congestion: Congestion::default(),
             zero_rtt: true,
             ack_frequency: Some(DEFAULT_ACK_FREQUENCY),
-            // Off: see the field's documentation.
-            zero_length_cid: false,
+            // See the field's documentation.
+            zero_length_cid: true,
             cid_len: DEFAULT_CID_LEN,
             ecn: false,
             application: crate::tls::AGENTS,
@@ -657,6 +662,20 @@ pub fn client_endpoint(
     creds: &Credentials,
     opts: &QuicOptions,
 ) -> Result<Endpoint, EndpointError> {
+    let mut endpoint = client_endpoint_for_connect_with(bind, opts)?;
+    endpoint.set_default_client_config(client_config(creds, opts)?);
+    Ok(endpoint)
+}
+
+/// [`client_endpoint`] without a default client configuration, for callers
+/// that pass their own to `Endpoint::connect_with` (the switch agent keeps one
+/// per controller agent, with its session tickets). With zero-length
+/// connection IDs the switch agent opens one of these per connection while an
+/// earlier connection still lingers: see [`QuicOptions::zero_length_cid`].
+pub fn client_endpoint_for_connect_with(
+    bind: SocketAddr,
+    opts: &QuicOptions,
+) -> Result<Endpoint, EndpointError> {
     let socket = udp_socket(bind)?;
     let mut config = EndpointConfig::default();
     if opts.zero_length_cid {
@@ -667,14 +686,12 @@ pub fn client_endpoint(
             Box::new(quinn_proto::RandomConnectionIdGenerator::new(cid_len))
         });
     }
-    let mut endpoint = Endpoint::new_with_abstract_socket(
+    Ok(Endpoint::new_with_abstract_socket(
         config,
         None,
         endpoint_socket(socket, opts.ecn)?,
         runtime()?,
-    )?;
-    endpoint.set_default_client_config(client_config(creds, opts)?);
-    Ok(endpoint)
+    )?)
 }
 
 #[cfg(test)]

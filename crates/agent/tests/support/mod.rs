@@ -277,3 +277,23 @@ pub async fn read_to_close(r: &mut (impl AsyncRead + Unpin)) -> std::io::Result<
 pub fn socket_template(dir: &Path, service: &str) -> PathBuf {
     dir.join("{switch}").join(format!("{service}.sock"))
 }
+
+/// Starts a controller agent on `addr`, once a stopped one has let it go.
+pub async fn controller_agent_at(
+    pki: &Pki,
+    services: &[String],
+    addr: SocketAddr,
+) -> ControllerAgent {
+    let mut cfg = controller_config(pki, services);
+    cfg.listen = addr;
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Ok(c) = ControllerAgent::start(cfg.clone()).await {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the controller agent's address never became free")
+}

@@ -102,7 +102,10 @@ pub fn run(args: MultihomedArgs) -> Result<()> {
     match args.action {
         Action::Up(a) => {
             let r = up(&a)?;
-            println!("multihomed lab {} is up ({}, {})", r.prefix, r.mode, r.variant);
+            println!(
+                "multihomed lab {} is up ({}, {})",
+                r.prefix, r.mode, r.variant
+            );
             println!(
                 "download: ip netns exec {} curl -o /tmp/file.bin {}",
                 r.client_netns, r.url
@@ -112,7 +115,10 @@ pub fn run(args: MultihomedArgs) -> Result<()> {
                 "paths: quicsdn-lab link set {} --loss 10% (path B: {})",
                 r.links[0], r.links[1]
             );
-            println!("take it down: quicsdn-lab multihomed down --prefix {}", r.prefix);
+            println!(
+                "take it down: quicsdn-lab multihomed down --prefix {}",
+                r.prefix
+            );
         }
         Action::Down { prefix } => {
             if down(&prefix)? {
@@ -123,8 +129,9 @@ pub fn run(args: MultihomedArgs) -> Result<()> {
         }
         Action::Status { prefix } => {
             let path = work_dir(&prefix).join("state.json");
-            let text = std::fs::read_to_string(&path)
-                .with_context(|| format!("no multihomed lab {prefix} recorded ({})", path.display()))?;
+            let text = std::fs::read_to_string(&path).with_context(|| {
+                format!("no multihomed lab {prefix} recorded ({})", path.display())
+            })?;
             println!("{text}");
         }
     }
@@ -136,7 +143,9 @@ pub fn run(args: MultihomedArgs) -> Result<()> {
 pub fn up(a: &UpArgs) -> Result<Record> {
     crate::cmd::require_root()?;
     if a.mode == Mode::BicastBoth {
-        bail!("--mode bicast-both is the control-channel lab (lab/tests/control_bicast_e2e.rs); use unicast or bicast");
+        bail!(
+            "--mode bicast-both is the control-channel lab (lab/tests/control_bicast_e2e.rs); use unicast or bicast"
+        );
     }
     let parse_ns = |what: &str, v: &str| {
         crate::emulator::units::parse_duration_ns(v).map_err(|e| anyhow::anyhow!("--{what}: {e}"))
@@ -145,7 +154,8 @@ pub fn up(a: &UpArgs) -> Result<Record> {
         delay_ns: parse_ns("rtt", &a.rtt)? / 2,
         rate_bps: crate::emulator::units::parse_rate_bps(&a.rate)
             .map_err(|e| anyhow::anyhow!("--rate: {e}"))?,
-        loss: crate::emulator::cli::parse_loss(&a.loss).map_err(|e| anyhow::anyhow!("--loss: {e}"))?,
+        loss: crate::emulator::cli::parse_loss(&a.loss)
+            .map_err(|e| anyhow::anyhow!("--loss: {e}"))?,
         ..Default::default()
     };
     let bytes = crate::bench::proxy::parse_bytes(&a.file_size)?;
@@ -181,7 +191,10 @@ pub fn up(a: &UpArgs) -> Result<Record> {
         links: [0, 1].map(|p| crate::multihomed::link_name(&a.prefix, p)),
         dir: work.clone(),
     };
-    std::fs::write(work.join("state.json"), serde_json::to_string_pretty(&record)?)?;
+    std::fs::write(
+        work.join("state.json"),
+        serde_json::to_string_pretty(&record)?,
+    )?;
     // Everything runs in its own process group and outlives this command.
     lab.detach();
     Ok(record)

@@ -55,7 +55,8 @@ fn multihomed_up_serves_a_file_over_both_paths_and_down_removes_it() {
         "--file-size=2M",
     ]);
     assert!(up.contains("is up"), "{up}");
-    let rec: Record = serde_json::from_str(&lab(&["status", &format!("--prefix={PREFIX}")])).unwrap();
+    let rec: Record =
+        serde_json::from_str(&lab(&["status", &format!("--prefix={PREFIX}")])).unwrap();
     assert_eq!(rec.file_bytes, BYTES);
     let before = rec.links.clone().map(|l| down_bytes(&l));
 

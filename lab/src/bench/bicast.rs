@@ -335,7 +335,11 @@ pub fn run(mut args: BicastArgs) -> Result<()> {
 
 /// The HTTP server (with the variant's congestion controller for TCP) and,
 /// for QUIC, the proxy pair. Returns them to be stopped after the variant.
-pub fn start_servers(lab: &mut Multihomed, variant: Variant, www: &Path) -> Result<Vec<ProcRecord>> {
+pub fn start_servers(
+    lab: &mut Multihomed,
+    variant: Variant,
+    www: &Path,
+) -> Result<Vec<ProcRecord>> {
     let dir = lab.dir.join(variant.as_str());
     std::fs::create_dir_all(&dir)?;
     let script = dir.join("http_server.py");

@@ -637,6 +637,21 @@ mod tests {
     }
 
     impl Link {
+        fn new(t0: Instant, mbit: f64, rtt_ms: u64, loss: f64, queue: usize) -> Link {
+            Link {
+                rate: mbit * 1e6 / 8.0,
+                one_way: Duration::from_millis(rtt_ms) / 2,
+                queue,
+                loss,
+                free_at: t0,
+                rng: 0x9E37_79B9_7F4A_7C15,
+                queue_drops: 0,
+                random_drops: 0,
+                queue_delay_sum: Duration::ZERO,
+                forwarded: 0,
+            }
+        }
+
         fn coin(&mut self) -> f64 {
             // xorshift64*: a seeded, reproducible loss pattern.
             self.rng ^= self.rng >> 12;
@@ -690,18 +705,7 @@ mod tests {
         secs: u64,
     ) -> Outcome {
         let t0 = Instant::now();
-        let mut link = Link {
-            rate: mbit * 1e6 / 8.0,
-            one_way: Duration::from_millis(rtt_ms) / 2,
-            queue,
-            loss,
-            free_at: t0,
-            rng: 0x9E37_79B9_7F4A_7C15,
-            queue_drops: 0,
-            random_drops: 0,
-            queue_delay_sum: Duration::ZERO,
-            forwarded: 0,
-        };
+        let mut link = Link::new(t0, mbit, rtt_ms, loss, queue);
         let mut fs: Vec<Flow> = flows
             .into_iter()
             .map(|c| Flow {
@@ -812,18 +816,7 @@ mod tests {
     ) -> Outcome {
         const MAX_ACK_DELAY: Duration = Duration::from_millis(25);
         let t0 = Instant::now();
-        let mut link = Link {
-            rate: mbit * 1e6 / 8.0,
-            one_way: Duration::from_millis(rtt_ms) / 2,
-            queue,
-            loss,
-            free_at: t0,
-            rng: 0x9E37_79B9_7F4A_7C15,
-            queue_drops: 0,
-            random_drops: 0,
-            queue_delay_sum: Duration::ZERO,
-            forwarded: 0,
-        };
+        let mut link = Link::new(t0, mbit, rtt_ms, loss, queue);
         let wake = |t: Instant, every: Duration| {
             if every.is_zero() {
                 return t;

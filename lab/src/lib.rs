@@ -38,6 +38,7 @@ pub mod emulator;
 pub mod fileset;
 pub mod host;
 pub mod multihomed;
+pub mod multihomed_cmd;
 pub mod netns;
 pub mod openflow_peer;
 pub mod ovs;

@@ -49,6 +49,9 @@ enum Command {
     Emulate(emulator::cli::EmulateArgs),
     /// Change or inspect a running emulated link: `link set|show|reset`.
     Link(emulator::cli::LinkArgs),
+    /// The bicast paper's multihomed lab (two emulated paths, OVS group of type
+    /// ALL, an HTTP server, the QUIC proxy pair): `multihomed up|down|status`.
+    Multihomed(quicsdn_lab::multihomed_cmd::MultihomedArgs),
     /// Run a benchmark (prints numbers; needs release builds for meaningful ones).
     #[command(subcommand)]
     Bench(Bench),
@@ -237,6 +240,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(Bench::Relay(a)) => quicsdn_lab::bench::relay::run(a)?,
         Command::Bench(Bench::Proxy(a)) => quicsdn_lab::bench::proxy::run(a)?,
         Command::Bench(Bench::Bicast(a)) => quicsdn_lab::bench::bicast::run(a)?,
+        Command::Multihomed(a) => quicsdn_lab::multihomed_cmd::run(a)?,
         Command::Bench(Bench::Soak(a)) => {
             quicsdn_lab::bench::soak::run(a)?;
         }

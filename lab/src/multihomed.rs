@@ -109,11 +109,14 @@ pub struct Multihomed {
     pki: PathBuf,
 }
 
-fn names(prefix: &str) -> [String; 5] {
+/// The lab's namespaces: server, server-side switch, client-side switch,
+/// client, controller.
+pub fn namespace_names(prefix: &str) -> [String; 5] {
     ["srv", "s1", "s2", "cli", "ctl"].map(|n| format!("{prefix}-{n}"))
 }
 
-fn link_name(prefix: &str, path: usize) -> String {
+/// Path `path`'s (0: A, 1: B) emulated link.
+pub fn link_name(prefix: &str, path: usize) -> String {
     format!("{prefix}-p{}", ["a", "b"][path])
 }
 
@@ -126,7 +129,7 @@ pub fn remove_leftovers(prefix: &str) -> Result<()> {
             &link_name(prefix, path),
         );
     }
-    for ns in names(prefix) {
+    for ns in namespace_names(prefix) {
         if Netns::exists(&ns) {
             let n = Netns::named(&ns);
             n.kill_all(Duration::from_secs(2))?;
@@ -199,7 +202,7 @@ impl Multihomed {
             dir: spec.dir.clone(),
             pki: spec.dir.join("pki"),
         };
-        let [srv, s1, s2, cli, ctl] = names(p).map(|n| Netns::named(&n));
+        let [srv, s1, s2, cli, ctl] = namespace_names(p).map(|n| Netns::named(&n));
         for ns in [&srv, &s1, &s2, &cli, &ctl] {
             Netns::create(&ns.name)?;
             lab.namespaces.push(ns.name.clone());
@@ -422,6 +425,16 @@ impl Multihomed {
             }
         }
         Ok(())
+    }
+
+    /// Leaves everything running (processes are in their own process
+    /// groups): for `quicsdn-lab multihomed up`, whose `down` removes the lab
+    /// by its names ([`remove_leftovers`]).
+    pub fn detach(mut self) {
+        self.procs.clear();
+        self.ovs.clear();
+        self.links.clear();
+        self.namespaces.clear();
     }
 
     /// Adopts a process started in the lab, so that it is stopped with it.

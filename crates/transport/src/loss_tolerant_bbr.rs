@@ -35,6 +35,13 @@
 //! round that shows a queue (its lowest RTT above [`QUEUE_RTT_FACTOR`] x
 //! RTprop) or an ECN CE mark: that is congestion, not random loss.
 //!
+//! ACK aggregation: the window also holds the data acknowledged beyond what
+//! the delivery rate explains (the BBR draft's `extra_acked`). Without it
+//! a window of 1.25 x rate x *minimum* RTT cannot cover what waits between
+//! bursts of ACKs (delayed ACKs, busy processes), the flow delivers less
+//! than its estimate, and the estimate spirals down: the lab's 9.8 Mbit/s on
+//! a 100 Mbit/s path, reproduced by the tests' quinn-like stack.
+//!
 //! Fairness: a flow crediting loss does not back off for loss a competing
 //! flow causes at a shallow buffer (no RTT rise) up to the cap; beyond the
 //! cap it behaves as BBRv1. See docs/proxy.md for the measured trade-off.
@@ -76,6 +83,9 @@ const FULL_BW_ROUNDS: u32 = 3;
 const DRAIN_ROUNDS: u64 = 3;
 /// A round with fewer packets than this gives no loss sample (too noisy).
 const MIN_LOSS_SAMPLE_PACKETS: u64 = 20;
+/// draft-cardwell-iccrg-bbr-congestion-control-02 §4.6.4.4: "BBRExtraAckedFilterLen = 10"
+/// packet-timed round trips.
+const EXTRA_ACKED_WINDOW_ROUNDS: u64 = 10;
 
 /// Configuration, and the factory quinn builds one controller per connection with.
 #[derive(Debug, Clone)]
@@ -145,6 +155,14 @@ pub struct LossTolerantBbr {
     round_count: u64,
     round: Round,
     last_sent: Option<Instant>,
+    /// Bytes acknowledged by the ACK frame being processed.
+    frame_acked: u64,
+    /// The ACK aggregation epoch: its start and what it delivered.
+    agg_start: Option<Instant>,
+    agg_delivered: u64,
+    /// (round, bytes) samples of data acknowledged beyond what the delivery
+    /// rate explains; the estimate is their maximum.
+    extra_acked: VecDeque<(u64, u64)>,
 }
 
 /// The current packet-timed round trip: it ends when a packet sent after it
@@ -181,6 +199,10 @@ impl LossTolerantBbr {
             round_count: 0,
             round: Round::default(),
             last_sent: None,
+            frame_acked: 0,
+            agg_start: None,
+            agg_delivered: 0,
+            extra_acked: VecDeque::new(),
         }
     }
 
@@ -261,6 +283,7 @@ impl LossTolerantBbr {
     pub fn on_ack(&mut self, now: Instant, sent: Instant, bytes: u64, app_limited: bool) {
         let rtt = now.saturating_duration_since(sent);
         self.round.acked += bytes;
+        self.frame_acked += bytes;
         self.round.packets += 1;
         self.round.min_rtt = Some(self.round.min_rtt.map_or(rtt, |m| m.min(rtt)));
         self.round.app_limited |= app_limited;
@@ -299,6 +322,8 @@ impl LossTolerantBbr {
             self.cwnd = self.min_window();
             self.bw.clear();
             self.loss.clear();
+            self.extra_acked.clear();
+            self.agg_start = None;
             self.full_bw = 0;
             self.full_bw_rounds = 0;
             self.filled_pipe = false;
@@ -311,6 +336,8 @@ impl LossTolerantBbr {
         if self.round.ended {
             self.end_round(now);
         }
+        let newly = std::mem::take(&mut self.frame_acked);
+        self.update_ack_aggregation(now, newly);
         self.update_mode(now, in_flight);
         self.update_window();
     }
@@ -364,6 +391,51 @@ impl LossTolerantBbr {
                 self.filled_pipe = self.full_bw_rounds >= FULL_BW_ROUNDS;
             }
         }
+    }
+
+    /// The data acknowledged beyond what the delivery rate explains (ACKs
+    /// that arrive in bursts: delayed ACKs, a receiver or sender that runs
+    /// only now and then). Without it the window, a gain times rate times
+    /// *minimum* RTT, cannot cover the data the ACK bursts hold back, the
+    /// rate falls short of the estimate, the estimate follows it down, and
+    /// so on: the lab's 9.8 Mbit/s on a 100 Mbit/s path. As the BBR draft's
+    /// BBRUpdateACKAggregation (draft-cardwell-iccrg-bbr-congestion-control-02
+    /// §4.6.4.4): "extra_acked = extra_acked_delivered - expected_delivered"
+    /// over an epoch that restarts whenever the ACKs fall behind the rate,
+    /// "extra = min(extra, cwnd)", max-filtered over 10 rounds. The rate is
+    /// the *uncredited* delivery rate: credited loss is data that never arrives.
+    fn update_ack_aggregation(&mut self, now: Instant, newly_acked: u64) {
+        let bw = self.delivery_rate();
+        if bw == 0 || newly_acked == 0 {
+            return;
+        }
+        let start = *self.agg_start.get_or_insert(now);
+        let mut expected = (bw as f64 * now.saturating_duration_since(start).as_secs_f64()) as u64;
+        if self.agg_delivered <= expected {
+            self.agg_delivered = 0;
+            self.agg_start = Some(now);
+            expected = 0;
+        }
+        self.agg_delivered += newly_acked;
+        let extra = (self.agg_delivered - expected).min(self.cwnd);
+        let n = self.round_count;
+        while self
+            .extra_acked
+            .front()
+            .is_some_and(|&(k, _)| k + EXTRA_ACKED_WINDOW_ROUNDS <= n)
+        {
+            self.extra_acked.pop_front();
+        }
+        // Keep the deque decreasing: older, smaller samples can never be the max.
+        while self.extra_acked.back().is_some_and(|&(_, e)| e <= extra) {
+            self.extra_acked.pop_back();
+        }
+        self.extra_acked.push_back((n, extra));
+    }
+
+    /// The ACK aggregation estimate, bytes.
+    pub fn extra_acked(&self) -> u64 {
+        self.extra_acked.front().map_or(0, |&(_, e)| e)
     }
 
     fn update_mode(&mut self, now: Instant, in_flight: u64) {
@@ -440,7 +512,11 @@ impl LossTolerantBbr {
             self.bandwidth()
         };
         let Some(bdp) = self.bdp_at(bw) else { return };
-        let target = ((bdp as f64 * CWND_GAIN * GAIN_CYCLE[phase]) as u64).max(self.min_window());
+        // The draft's BBRUpdateMaxInflight: "inflight += BBR.extra_acked".
+        // Not in the 3/4 phase, whose flight must stay below the BDP.
+        let extra = if phase == 1 { 0 } else { self.extra_acked() };
+        let target =
+            ((bdp as f64 * CWND_GAIN * GAIN_CYCLE[phase]) as u64 + extra).max(self.min_window());
         // Down at once, up by what is delivered (the draft's cwnd update).
         self.cwnd = if target < self.cwnd {
             target
@@ -561,6 +637,21 @@ mod tests {
     }
 
     impl Link {
+        fn new(t0: Instant, mbit: f64, rtt_ms: u64, loss: f64, queue: usize) -> Link {
+            Link {
+                rate: mbit * 1e6 / 8.0,
+                one_way: Duration::from_millis(rtt_ms) / 2,
+                queue,
+                loss,
+                free_at: t0,
+                rng: 0x9E37_79B9_7F4A_7C15,
+                queue_drops: 0,
+                random_drops: 0,
+                queue_delay_sum: Duration::ZERO,
+                forwarded: 0,
+            }
+        }
+
         fn coin(&mut self) -> f64 {
             // xorshift64*: a seeded, reproducible loss pattern.
             self.rng ^= self.rng >> 12;
@@ -614,18 +705,7 @@ mod tests {
         secs: u64,
     ) -> Outcome {
         let t0 = Instant::now();
-        let mut link = Link {
-            rate: mbit * 1e6 / 8.0,
-            one_way: Duration::from_millis(rtt_ms) / 2,
-            queue,
-            loss,
-            free_at: t0,
-            rng: 0x9E37_79B9_7F4A_7C15,
-            queue_drops: 0,
-            random_drops: 0,
-            queue_delay_sum: Duration::ZERO,
-            forwarded: 0,
-        };
+        let mut link = Link::new(t0, mbit, rtt_ms, loss, queue);
         let mut fs: Vec<Flow> = flows
             .into_iter()
             .map(|c| Flow {
@@ -705,6 +785,260 @@ mod tests {
         }
     }
 
+    /// What the quinn stack does that [`run`]'s ideal sender and receiver
+    /// leave out.
+    #[derive(Clone, Copy)]
+    struct Stack {
+        /// The receiver handles datagrams only at multiples of this (a busy
+        /// process woken by the scheduler; zero: at once).
+        rx_wakeup: Duration,
+        /// The sender handles ACK frames only at multiples of this.
+        tx_wakeup: Duration,
+    }
+
+    /// Like [`run`], for one flow, with quinn-proto 0.11's behaviour around
+    /// the controller:
+    /// - the receiver acknowledges every second ack-eliciting packet, on a
+    ///   gap at once, else after `max_ack_delay` (25 ms) (RFC 9000 §13.2.2,
+    ///   quinn's `ack_eliciting_threshold` 1), in ACK frames of several packets;
+    /// - per ACK frame: `on_ack` for each packet, then `on_end_acks`, then
+    ///   loss detection and `on_congestion_event` (quinn's `on_ack_received`);
+    /// - the pacer's rate is 1.25 x window / smoothed RTT (RFC 9002 §5.3's
+    ///   smoothing, ack delay subtracted), not the controller's minimum RTT.
+    fn run_quinn_like(
+        c: LossTolerantBbrConfig,
+        mbit: f64,
+        rtt_ms: u64,
+        loss: f64,
+        queue: usize,
+        secs: u64,
+        stack: Stack,
+    ) -> Outcome {
+        const MAX_ACK_DELAY: Duration = Duration::from_millis(25);
+        let t0 = Instant::now();
+        let mut link = Link::new(t0, mbit, rtt_ms, loss, queue);
+        let wake = |t: Instant, every: Duration| {
+            if every.is_zero() {
+                return t;
+            }
+            let n = t.saturating_duration_since(t0).as_nanos() / every.as_nanos() + 1;
+            t0 + every * n as u32
+        };
+        let mut cc = LossTolerantBbr::new(c, MTU);
+        let mtu = u64::from(MTU);
+        let mut next_pn = 0u64;
+        let mut sent: BTreeMap<u64, Instant> = BTreeMap::new();
+        // Datagrams reaching the receiver: (when it handles them, pn).
+        let mut arrivals: VecDeque<(Instant, u64)> = VecDeque::new();
+        // ACK frames on the way back: (when the sender handles it, pns, ack delay).
+        let mut frames: VecDeque<(Instant, Vec<u64>, Duration)> = VecDeque::new();
+        // The receiver's unacknowledged packets and when the first arrived.
+        let mut pending: Vec<u64> = Vec::new();
+        let mut pending_since: Option<Instant> = None;
+        let mut largest_received: Option<u64> = None;
+        let mut srtt: Option<Duration> = None;
+        let mut next_send = t0;
+        let mut delivered = 0u64;
+        let end = t0 + Duration::from_secs(secs);
+        let mut clock = t0;
+        let ack_back = |t: Instant, pns: Vec<u64>, since: Instant, one_way: Duration| {
+            (wake(t + one_way, stack.tx_wakeup), pns, t - since)
+        };
+        loop {
+            enum Ev {
+                Arrive,
+                Frame,
+                AckTimer,
+                Send,
+            }
+            let mut next: Option<(Instant, Ev)> = None;
+            let mut consider = |t: Instant, e: Ev| {
+                if next.as_ref().is_none_or(|(n, _)| t < *n) {
+                    next = Some((t, e));
+                }
+            };
+            if let Some(&(t, _)) = arrivals.front() {
+                consider(t, Ev::Arrive);
+            }
+            if let Some((t, _, _)) = frames.front() {
+                consider(*t, Ev::Frame);
+            }
+            if let Some(t) = pending_since {
+                consider(t + MAX_ACK_DELAY, Ev::AckTimer);
+            }
+            if (sent.len() as u64 + 1) * mtu <= cc.window() {
+                consider(next_send.max(clock), Ev::Send);
+            }
+            let Some((now, ev)) = next else { break };
+            if now >= end {
+                break;
+            }
+            clock = now;
+            match ev {
+                Ev::Arrive => {
+                    let (_, pn) = arrivals.pop_front().unwrap();
+                    let gap = largest_received.is_some_and(|l| pn != l + 1);
+                    largest_received = Some(pn);
+                    pending.push(pn);
+                    pending_since.get_or_insert(now);
+                    if gap || pending.len() >= 2 {
+                        let since = pending_since.take().unwrap();
+                        frames.push_back(ack_back(
+                            now,
+                            std::mem::take(&mut pending),
+                            since,
+                            link.one_way,
+                        ));
+                    }
+                }
+                Ev::AckTimer => {
+                    let since = pending_since.take().unwrap();
+                    frames.push_back(ack_back(
+                        now,
+                        std::mem::take(&mut pending),
+                        since,
+                        link.one_way,
+                    ));
+                }
+                Ev::Frame => {
+                    let (_, pns, ack_delay) = frames.pop_front().unwrap();
+                    let largest = *pns.iter().max().unwrap();
+                    for pn in &pns {
+                        if let Some(t) = sent.remove(pn) {
+                            cc.on_ack(now, t, mtu, false);
+                            delivered += mtu;
+                        }
+                    }
+                    // RFC 9002 §5.3, from the largest packet acknowledged.
+                    let sample = now.saturating_duration_since(
+                        sent.get(&largest)
+                            .copied()
+                            .unwrap_or(now - link.one_way * 2),
+                    );
+                    let min = cc.min_rtt().unwrap_or(sample);
+                    let adjusted = if sample >= min + ack_delay {
+                        sample - ack_delay
+                    } else {
+                        sample
+                    };
+                    srtt = Some(srtt.map_or(adjusted, |s| (s * 7 + adjusted) / 8));
+                    cc.on_end_acks(now, sent.len() as u64 * mtu);
+                    // RFC 9002 §6.1.1: kPacketThreshold = 3.
+                    let lost: Vec<u64> = sent
+                        .range(..largest.saturating_sub(2))
+                        .map(|(&p, _)| p)
+                        .collect();
+                    for p in &lost {
+                        sent.remove(p);
+                    }
+                    if !lost.is_empty() {
+                        cc.on_congestion_event(lost.len() as u64 * mtu, false);
+                    }
+                }
+                Ev::Send => {
+                    let pn = next_pn;
+                    next_pn += 1;
+                    cc.on_sent(now);
+                    sent.insert(pn, now);
+                    if let Some(back) = link.send(now) {
+                        // `send` gives the ACK's time for an ideal receiver.
+                        let at_receiver = back - link.one_way;
+                        arrivals.push_back((wake(at_receiver, stack.rx_wakeup), pn));
+                    }
+                    let rtt = srtt.unwrap_or(Duration::from_millis(rtt_ms));
+                    let gap = rtt.as_secs_f64() * mtu as f64 / (1.25 * cc.window() as f64);
+                    next_send = now + Duration::from_secs_f64(gap);
+                }
+            }
+        }
+        Outcome {
+            goodput: vec![delivered as f64 / secs as f64],
+            link_rate: link.rate,
+            queue_drops: link.queue_drops,
+            mean_queue_delay: link.queue_delay_sum / link.forwarded.max(1) as u32,
+            flows: vec![cc],
+        }
+    }
+
+    /// A busy receiver and sender (the lab's loaded machine): datagrams
+    /// handled every 10 ms, ACK frames every 10 ms; and a receiver woken
+    /// every 20 ms with a sender every 5 ms.
+    const BUSY_STACKS: [Stack; 2] = [
+        Stack {
+            rx_wakeup: Duration::from_millis(10),
+            tx_wakeup: Duration::from_millis(10),
+        },
+        Stack {
+            rx_wakeup: Duration::from_millis(20),
+            tx_wakeup: Duration::from_millis(5),
+        },
+    ];
+
+    #[test]
+    fn fills_the_link_when_acks_arrive_in_bursts() {
+        // The lab's stall: 100 Mbit/s, 20 ms RTT, the emulator's 1000-frame
+        // queue, no loss. Before the ACK aggregation estimate the window
+        // (1.25 x rate x minimum RTT) could not cover the data held back
+        // between bursts, and the estimate spiralled down: 0.53 and 0.34 of
+        // the link in these two stacks.
+        for stack in BUSY_STACKS {
+            let o = run_quinn_like(
+                cfg(DEFAULT_MAX_CREDITED_LOSS),
+                100.0,
+                20,
+                0.0,
+                1000,
+                20,
+                stack,
+            );
+            let c = &o.flows[0];
+            let share = o.goodput[0] / o.link_rate;
+            assert!(
+                share > 0.85,
+                "rx every {:?}, tx every {:?}: {share:.2} of the link; window {} bw {} extra {} min_rtt {:?}",
+                stack.rx_wakeup,
+                stack.tx_wakeup,
+                c.window(),
+                c.bandwidth(),
+                c.extra_acked(),
+                c.min_rtt()
+            );
+            assert!(c.extra_acked() > 0);
+            // The extra window covers the bursts; it does not park a queue
+            // of more than an RTT at the bottleneck.
+            assert!(
+                o.mean_queue_delay < Duration::from_millis(40),
+                "{:?}",
+                o.mean_queue_delay
+            );
+        }
+    }
+
+    #[test]
+    fn keeps_the_rate_through_random_loss_when_acks_arrive_in_bursts() {
+        for loss in [0.05, 0.2] {
+            for stack in BUSY_STACKS {
+                let o = run_quinn_like(
+                    cfg(DEFAULT_MAX_CREDITED_LOSS),
+                    100.0,
+                    20,
+                    loss,
+                    1000,
+                    20,
+                    stack,
+                );
+                let share = o.goodput[0] / (o.link_rate * (1.0 - loss));
+                assert!(
+                    // Measured 0.83-0.92.
+                    share > 0.75,
+                    "loss {loss}, rx every {:?}, tx every {:?}: {share:.2} of the possible goodput",
+                    stack.rx_wakeup,
+                    stack.tx_wakeup
+                );
+            }
+        }
+    }
+
     #[test]
     fn fills_a_lossless_link_without_a_standing_queue() {
         let o = run(
@@ -764,8 +1098,12 @@ mod tests {
             20,
         );
         let without = run(vec![cfg(0.0)], 20.0, 100, 0.3, 1000, 20);
+        // 1.51 against 1.41 MB/s (possible: 1.75). Before the ACK aggregation
+        // estimate, 1.23: it helps plain BBRv1 too (at 30 % loss the ACKs of
+        // a queued burst come faster than the delivery rate), which narrows
+        // what the credit adds.
         assert!(
-            with.goodput[0] > 1.15 * without.goodput[0],
+            with.goodput[0] > 1.05 * without.goodput[0],
             "credited {:.0} B/s, not {:.0} B/s",
             with.goodput[0],
             without.goodput[0]

@@ -33,9 +33,12 @@ use crate::multihomed::{Mode, Multihomed, MultihomedSpec, PathCount, SERVER_IP};
 use crate::process::{ProcRecord, spawn_service};
 use crate::wait::poll_until;
 
-const HTTP_PORT: u16 = 8080;
+/// The HTTP server's port; for QUIC variants the proxy client listens on it
+/// on the client's loopback.
+pub const HTTP_PORT: u16 = 8080;
 const PROXY_UDP_PORT: u16 = 4433;
-const FILE: &str = "file.bin";
+/// The served file's name.
+pub const FILE: &str = "file.bin";
 
 /// A compared transport and congestion controller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -44,7 +47,8 @@ pub enum Variant {
     TcpBbr,
     QuicBbr,
     QuicCubic,
-    /// The proxy's default, `bbr-lt` (quicsdn_transport::loss_tolerant_bbr).
+    /// The proxy with `--congestion bbr-lt` (quicsdn_transport::loss_tolerant_bbr,
+    /// experimental, not the default).
     QuicBbrLt,
 }
 
@@ -256,10 +260,7 @@ pub fn run(mut args: BicastArgs) -> Result<()> {
         )?;
         for &variant in &args.variants {
             let servers = start_servers(&mut lab, variant, &www)?;
-            let url = match variant.is_quic() {
-                true => format!("http://127.0.0.1:{HTTP_PORT}/{FILE}"),
-                false => format!("http://{SERVER_IP}:{HTTP_PORT}/{FILE}"),
-            };
+            let url = file_url(variant);
             wait_http(&lab, &url)?;
             let mut timed_out = false;
             for &loss in &args.loss {
@@ -334,7 +335,11 @@ pub fn run(mut args: BicastArgs) -> Result<()> {
 
 /// The HTTP server (with the variant's congestion controller for TCP) and,
 /// for QUIC, the proxy pair. Returns them to be stopped after the variant.
-fn start_servers(lab: &mut Multihomed, variant: Variant, www: &Path) -> Result<Vec<ProcRecord>> {
+pub fn start_servers(
+    lab: &mut Multihomed,
+    variant: Variant,
+    www: &Path,
+) -> Result<Vec<ProcRecord>> {
     let dir = lab.dir.join(variant.as_str());
     std::fs::create_dir_all(&dir)?;
     let script = dir.join("http_server.py");
@@ -358,8 +363,11 @@ fn start_servers(lab: &mut Multihomed, variant: Variant, www: &Path) -> Result<V
     lab.adopt(http);
     if variant.is_quic() {
         let bin = crate::agents::quicsdn_binary()?;
-        let s = lab.issue("proxy-server")?;
-        let c_tls = lab.issue("proxy-client")?;
+        // Names per variant: the lab's CA issues each name once, and one lab
+        // runs every variant of a mode.
+        let server_name = format!("{}-proxy-server", variant.as_str());
+        let s = lab.issue(&server_name)?;
+        let c_tls = lab.issue(&format!("{}-proxy-client", variant.as_str()))?;
         let tls = |t: &crate::agents::AgentTls| {
             vec![
                 format!("--ca={}", t.ca.display()),
@@ -383,7 +391,7 @@ fn start_servers(lab: &mut Multihomed, variant: Variant, www: &Path) -> Result<V
         let mut cmd = lab.client_ns().command(&bin);
         cmd.args(["proxy", "client"])
             .arg(format!("--server={SERVER_IP}:{PROXY_UDP_PORT}"))
-            .arg("--server-name=proxy-server")
+            .arg(format!("--server-name={server_name}"))
             .arg(format!("--forward=web=ptcp:{HTTP_PORT}"))
             .arg(format!("--congestion={}", variant.congestion()))
             .args(tls(&c_tls));
@@ -398,8 +406,17 @@ fn start_servers(lab: &mut Multihomed, variant: Variant, www: &Path) -> Result<V
     Ok(procs)
 }
 
+/// The URL the client downloads from: the server itself for TCP, the proxy
+/// client on the client's loopback for QUIC.
+pub fn file_url(variant: Variant) -> String {
+    match variant.is_quic() {
+        true => format!("http://127.0.0.1:{HTTP_PORT}/{FILE}"),
+        false => format!("http://{SERVER_IP}:{HTTP_PORT}/{FILE}"),
+    }
+}
+
 /// Waits until a HEAD request for the file succeeds from the client.
-fn wait_http(lab: &Multihomed, url: &str) -> Result<()> {
+pub fn wait_http(lab: &Multihomed, url: &str) -> Result<()> {
     let cli = lab.client_ns();
     poll_until(
         "the HTTP server to answer the client",
@@ -472,7 +489,7 @@ fn download(
     })
 }
 
-fn make_file(path: &Path, bytes: u64) -> Result<()> {
+pub fn make_file(path: &Path, bytes: u64) -> Result<()> {
     let st = std::process::Command::new("head")
         .args(["-c", &bytes.to_string(), "/dev/urandom"])
         .stdout(std::fs::File::create(path)?)

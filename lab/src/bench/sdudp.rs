@@ -16,7 +16,7 @@
 //!   (the product of the links' measured delivery rates, host A to host B);
 //! * `delay` — Fig. 9: 1 ms against 20 ms per link, 9 switches;
 //! * `accumulation` — Fig. 10: SDUDP frames with and without accumulation,
-//!   5 switches;
+//!   and TCP's, 5 switches;
 //! * `engines` — §IV-E: retransmission engines on all, odd, or 1,5,9 of 9
 //!   switches, file set D, 1 % loss;
 //! * `time` — Fig. 11: the time to send file sets A and C at 10 Mbit/s per

@@ -355,7 +355,7 @@ def sdudp(d):
     without accumulation) and Fig. 11 (time to send at 10 Mbit/s). A figure
     whose cells were not measured is not drawn."""
     data = rows(os.path.join(d, "cells.csv"))
-    colors = {"sdudp": "#1f77b4", "tcp": "#d62728"}
+    colors = {"sdudp": "#1f77b4", "tcp": "#d62728", "sdudp not accumulating": "#9ecae1"}
 
     def bars(ax, groups, series, value, ci, ylabel, title):
         width = 0.8 / max(1, len(series))
@@ -363,7 +363,7 @@ def sdudp(d):
             xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
             ax.bar(xs, [value(c) if c else 0 for c in cells], width,
                    yerr=[ci(c) if c else 0 for c in cells], capsize=3, label=name,
-                   color=colors.get(name.split()[0]))
+                   color=colors.get(name, colors.get(name.split()[0])))
         ax.set_xticks(range(len(groups)))
         ax.set_xticklabels(groups, fontsize=8)
         ax.set_ylabel(ylabel)
@@ -402,7 +402,8 @@ def sdudp(d):
                  lambda c, ci=ci: float(c[ci]) / scale,
                  "%s per switch" % unit, "%s per switch (cf. Fig. %d)" % (unit, fig_no))
         save(fig, d, "sdudp-load.png")
-    # Fig. 10: SDUDP with and without accumulation (all engines, no rate limit).
+    # Fig. 10: SDUDP with and without accumulation (all engines, no rate limit),
+    # and TCP.
     acc = [r for r in data if r["transport"] == "sdudp" and r["accumulate"] == "false"]
     if acc:
         groups = sorted({(r["switches"], r["delay_ms"], r["loss_percent"], r["set"]) for r in acc})
@@ -411,6 +412,11 @@ def sdudp(d):
                                             delay_ms=g[1], loss_percent=g[2], set=g[3],
                                             rate_mbit="0", engines="all") for g in groups])
                   for name, a in (("accumulating", "true"), ("not accumulating", "false"))]
+        # Fig. 10's third bar: TCP on the same line, where it was measured.
+        tcp = [find(transport="tcp", switches=g[0], delay_ms=g[1], loss_percent=g[2],
+                    set=g[3], rate_mbit="0") for g in groups]
+        if any(tcp):
+            series.append(("tcp", tcp))
         fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(groups)), 4))
         bars(ax, labels, series, lambda c: float(c["frames_per_switch"]),
              lambda c: float(c["frames_ci95"]), "frames per switch",

@@ -68,9 +68,55 @@ impl FileSetHasher {
     }
 }
 
+/// A file's sha256 in hex, as `sha256sum` prints it, read in pieces (no
+/// memory of the file's size, no subprocess). Used by `bench bicast`.
+pub fn sha256_file(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut ctx = Context::new(&SHA256);
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match f.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => ctx.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(ctx
+        .finish()
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sha256_file_is_what_sha256sum_prints() {
+        let p = std::env::temp_dir().join(format!("quicsdn-fileset-{}", std::process::id()));
+        // FIPS 180-2 example: sha256("abc"), over a piece boundary too.
+        std::fs::write(&p, b"abc").unwrap();
+        let abc = sha256_file(&p);
+        let big: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        std::fs::write(&p, &big).unwrap();
+        let long = sha256_file(&p);
+        std::fs::remove_file(&p).unwrap();
+        assert_eq!(
+            abc.unwrap(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        let want: String = ring::digest::digest(&SHA256, &big)
+            .as_ref()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(long.unwrap(), want);
+        assert!(sha256_file(std::path::Path::new("/nonexistent/quicsdn")).is_err());
+    }
 
     #[test]
     fn any_split_gives_the_same_answer_and_one_changed_byte_another() {

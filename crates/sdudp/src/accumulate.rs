@@ -76,12 +76,21 @@ impl Accumulator {
             self.flush(out);
             return;
         }
+        let mut emitted = false;
         while self.buf.len() >= self.target {
             let n = self.buf.len().min(self.max_payload);
             out.push(self.buf.split_to(n).freeze());
+            emitted = true;
         }
         if self.buf.is_empty() {
             self.since = None;
+        } else if emitted && self.buf.len() <= data.len() {
+            // Payloads take the oldest bytes first, so what is left all came
+            // with this push: its wait starts now. Keeping the older start
+            // would flush this remainder (and the writes joining it) early,
+            // one short datagram per full one for a host writing 0.5 KB
+            // every few ms.
+            self.since = Some(now);
         }
     }
 
@@ -122,8 +131,10 @@ mod tests {
         // 2500 bytes: one datagram at 1500 ≥ 1400, 1000 bytes wait.
         assert_eq!(out.iter().map(|b| b.len()).collect::<Vec<_>>(), vec![1471]);
         assert_eq!(a.len(), 2500 - 1471);
-        // The wait counts from the oldest waiting byte.
+        // The wait counts from the oldest waiting byte: the 29 bytes left of
+        // the third write (2 ms), not the first write, which has left.
         let deadline = a.poll_timeout().unwrap();
+        assert_eq!(deadline, t0 + Duration::from_millis(2 + 5));
         a.handle_timeout(deadline - Duration::from_micros(1), &mut out);
         assert_eq!(out.len(), 1);
         a.handle_timeout(deadline, &mut out);
@@ -132,6 +143,24 @@ mod tests {
         let all: Vec<u8> = out.concat();
         assert_eq!(all.len(), 2500);
         assert!(all[..500].iter().all(|&b| b == 0) && all[2000..].iter().all(|&b| b == 4));
+    }
+
+    #[test]
+    fn a_paced_writer_fills_datagrams_when_the_wait_covers_its_gaps() {
+        // The paper's sender: 0.5 KB every 5 ms (100 KB/s); a 20 ms wait.
+        // Every datagram but the last is full; with the wait restarting
+        // from the first write, every second one left short.
+        let t0 = Instant::now();
+        let mut a = Accumulator::new(true, 1471, 1471, Duration::from_millis(20));
+        let mut out = Vec::new();
+        for i in 0..600u64 {
+            let now = t0 + Duration::from_millis(5 * i);
+            a.handle_timeout(now, &mut out);
+            a.push(now, &[i as u8; 500], &mut out);
+        }
+        a.flush(&mut out);
+        assert_eq!(out.iter().map(|b| b.len()).sum::<usize>(), 300_000);
+        assert_eq!(out.len(), 300_000usize.div_ceil(1471));
     }
 
     #[test]

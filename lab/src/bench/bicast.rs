@@ -500,24 +500,9 @@ pub fn make_file(path: &Path, bytes: u64) -> Result<()> {
     Ok(())
 }
 
-/// `sha256sum FILE` (coreutils).
+/// The file's sha256 in hex, as `sha256sum` prints it.
 pub fn sha256(path: &Path) -> Result<String> {
-    let out = std::process::Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .context("running sha256sum")?;
-    if !out.status.success() {
-        bail!(
-            "sha256sum {}: {}",
-            path.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string())
+    crate::fileset::sha256_file(path).with_context(|| format!("sha256 of {}", path.display()))
 }
 
 fn loadavg() -> String {

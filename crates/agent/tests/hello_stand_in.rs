@@ -3,7 +3,10 @@
 //! controller's previous HELLO at once; when the controller agent is back, the
 //! controller receives OVS's HELLO as usual and its own HELLO is swallowed, so
 //! OVS's next message is the FEATURES_REQUEST. A controller whose new HELLO
-//! would negotiate another version gets the session closed, with a log line.
+//! would negotiate another version gets the session closed, with a log line,
+//! and its old HELLO forgotten. With 0-RTT the stand-in also answers on the
+//! live link to the restarted controller agent; once the controller agent is
+//! known dead (an attempt got no answer) OVS gets no stand-in.
 
 mod support;
 
@@ -129,8 +132,128 @@ async fn ovs_gets_the_controllers_hello_while_the_controller_agent_restarts() {
     assert_eq!(lines.len(), 1, "{}", logs.text());
     assert!(lines[0].contains("negotiated 0x04"), "{}", lines[0]);
 
+    // The old HELLO is forgotten: OVS's next connection waits for the
+    // controller's own HELLO, which is remembered from then on.
+    let mut ovs = ovs_connect(&agent, "openflow").await;
+    ovs.write_all(&ovs_hello).await.unwrap();
+    let mut ctl = fake.accept().await;
+    assert_eq!(read_exactly(&mut ctl, 16, PATIENCE).await, ovs_hello);
+    let ctl_hello_10 = hello(1, 1 << 1, 12);
+    ctl.write_all(&ctl_hello_10).await.unwrap();
+    assert_eq!(
+        read_exactly(&mut ovs, 16, PATIENCE).await,
+        ctl_hello_10,
+        "the controller's new HELLO, not the forgotten one"
+    );
+
     agent.shutdown().await;
     controller.shutdown().await;
+}
+
+/// With 0-RTT (the default), the switch agent is connected to the restarted
+/// controller agent at once; OVS's HELLO wait must not depend on how soon the
+/// controller behind it answers, so OVS gets the stand-in on a live link too.
+#[tokio::test(flavor = "current_thread")]
+async fn with_0rtt_ovs_gets_the_hello_before_the_restarted_controller_answers() {
+    let pki = Pki::new();
+    let fake = FakeController::new().await;
+    let services = [format!("openflow={}", fake.target())];
+    let (controller, agent) = pair(
+        &pki,
+        "sw1",
+        &services,
+        &["openflow=ptcp:0:127.0.0.1".to_string()],
+        |_, _| {},
+    )
+    .await;
+    let addr = controller.local_addr().unwrap();
+    let ovs_hello = hello(4, 1 << 4, 1);
+    let ctl_hello = hello(6, 0b111_1110, 9);
+    let mut ovs = ovs_connect(&agent, "openflow").await;
+    ovs.write_all(&ovs_hello).await.unwrap();
+    let mut ctl = fake.accept().await;
+    assert_eq!(read_exactly(&mut ctl, 16, PATIENCE).await, ovs_hello);
+    ctl.write_all(&ctl_hello).await.unwrap();
+    assert_eq!(read_exactly(&mut ovs, 16, PATIENCE).await, ctl_hello);
+
+    // The controller agent restarts, and the switch agent is back on it.
+    controller.shutdown().await;
+    let mut eof = [0u8; 1];
+    let n = tokio::time::timeout(PATIENCE, ovs.read(&mut eof)).await;
+    assert!(matches!(n, Ok(Ok(0) | Err(_))), "OVS's connection closed");
+    let controller = controller_at(&pki, &services, addr).await;
+    assert!(agent.wait_connected(PATIENCE).await, "never reconnected");
+
+    // OVS reconnects: the HELLO comes at once, before the controller has even
+    // accepted the controller agent's connection.
+    let mut ovs = ovs_reconnects(&agent, &ctl_hello, &ovs_hello).await;
+    let mut ctl = fake.accept().await;
+    assert_eq!(read_exactly(&mut ctl, 16, PATIENCE).await, ovs_hello);
+    let features_request = message(4, 5, 10, &[]);
+    ctl.write_all(&[ctl_hello.clone(), features_request.clone()].concat())
+        .await
+        .unwrap();
+    assert_eq!(
+        read_exactly(&mut ovs, 8, PATIENCE).await,
+        features_request,
+        "OVS sees one HELLO only"
+    );
+    agent.shutdown().await;
+    controller.shutdown().await;
+}
+
+/// A controller agent that does not come back: OVS's fail mode must see it.
+/// After the graceful close, OVS's next connection still gets the stand-in
+/// (a restart is likely) and is closed when the attempt gets no answer; from
+/// then on the link is known dead, and OVS gets nothing but a close.
+#[tokio::test(flavor = "current_thread")]
+async fn once_the_controller_agent_is_known_dead_ovs_gets_no_stand_in() {
+    let pki = Pki::new();
+    let fake = FakeController::new().await;
+    let services = [format!("openflow={}", fake.target())];
+    let grace = Duration::from_secs(2);
+    let (controller, agent) = pair(
+        &pki,
+        "sw1",
+        &services,
+        &["openflow=ptcp:0:127.0.0.1".to_string()],
+        |_, s| {
+            s.common.quic.idle_timeout = grace;
+            s.common.quic.keepalive = quicsdn_transport::quic::agent_keepalive_for(grace);
+        },
+    )
+    .await;
+    let ovs_hello = hello(4, 1 << 4, 1);
+    let ctl_hello = hello(6, 0b111_1110, 9);
+    let mut ovs = ovs_connect(&agent, "openflow").await;
+    ovs.write_all(&ovs_hello).await.unwrap();
+    let mut ctl = fake.accept().await;
+    assert_eq!(read_exactly(&mut ctl, 16, PATIENCE).await, ovs_hello);
+    ctl.write_all(&ctl_hello).await.unwrap();
+    assert_eq!(read_exactly(&mut ovs, 16, PATIENCE).await, ctl_hello);
+
+    controller.shutdown().await;
+    let mut eof = [0u8; 1];
+    let n = tokio::time::timeout(PATIENCE, ovs.read(&mut eof)).await;
+    assert!(matches!(n, Ok(Ok(0) | Err(_))), "OVS's connection closed");
+    // Just after the close: the stand-in, then a close once the attempt
+    // (0-RTT, to nobody) gives up within the grace period.
+    let mut ovs = ovs_reconnects(&agent, &ctl_hello, &ovs_hello).await;
+    let n = tokio::time::timeout(PATIENCE, ovs.read(&mut eof)).await;
+    assert!(
+        matches!(n, Ok(Ok(0) | Err(_))),
+        "OVS's connection closed: {n:?}"
+    );
+    // Known dead: no HELLO, only a close, so OVS's fail mode takes over.
+    let mut ovs = ovs_connect(&agent, "openflow").await;
+    ovs.write_all(&ovs_hello).await.unwrap();
+    let mut got = Vec::new();
+    let n = tokio::time::timeout(PATIENCE, ovs.read_to_end(&mut got)).await;
+    assert!(
+        matches!(n, Ok(Ok(0)) | Ok(Err(_))) && got.is_empty(),
+        "nothing but a close reaches OVS: {n:?} {got:?}"
+    );
+    agent.shutdown().await;
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -116,9 +116,7 @@ pub fn engages(enabled: bool, remembered: bool, link: LinkView, last: Verdict) -
     }
     match link {
         LinkView::Up => true,
-        LinkView::Unconfirmed | LinkView::Connecting | LinkView::Down => {
-            last == Verdict::Answering
-        }
+        LinkView::Unconfirmed | LinkView::Connecting | LinkView::Down => last == Verdict::Answering,
     }
 }
 

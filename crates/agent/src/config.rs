@@ -285,9 +285,9 @@ pub struct SwitchConfig {
     /// agent, try the first this often.
     pub failback_interval: Duration,
     /// Answer OVS's OpenFlow HELLO at once, from the controller's HELLO of the
-    /// previous session, while the controller agent is out of reach (on by
-    /// default; `--no-hello-stand-in` turns it off): see
-    /// [`quicsdn_lanes::hello`].
+    /// previous session, unless the link to the controller agent is known dead
+    /// (on by default; `--no-hello-stand-in` turns it off): see
+    /// [`crate::stand_in`] for when, [`quicsdn_lanes::hello`] for how.
     pub hello_stand_in: bool,
     pub common: CommonConfig,
 }

@@ -17,6 +17,7 @@ pub mod link;
 pub mod metrics;
 pub mod services;
 pub mod session;
+pub mod stand_in;
 pub mod switch;
 pub mod tap;
 pub mod udp;

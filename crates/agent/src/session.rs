@@ -102,13 +102,14 @@ pub struct SessionInfo {
     pub hello: Option<HelloWatch>,
 }
 
-/// The switch agent's watch over the controller's HELLO on an OpenFlow
-/// session ([`quicsdn_lanes::hello`]): every session remembers it for the
-/// service; a session whose OVS connection already got a stand-in HELLO
-/// swallows it, and fails if it would negotiate another version.
 /// The controller's last HELLO on one OpenFlow service, shared by its sessions.
 pub type HelloMemory = Arc<std::sync::Mutex<Option<Bytes>>>;
 
+/// The switch agent's watch over the controller's HELLO on an OpenFlow
+/// session ([`quicsdn_lanes::hello`]): every session remembers it for the
+/// service; a session whose OVS connection already got a stand-in HELLO
+/// swallows it, and fails if it would negotiate another version (and forgets
+/// the remembered one).
 #[derive(Debug, Clone)]
 pub struct HelloWatch {
     /// The controller's last HELLO on this service, shared by its sessions.
@@ -160,7 +161,17 @@ impl HelloState {
             HelloState::Swallow(stand_in, memory) => {
                 let mut out = Vec::with_capacity(runs.len());
                 for r in runs {
-                    out.push(stand_in.push(r)?);
+                    match stand_in.push(r) {
+                        Ok(r) => out.push(r),
+                        Err(e) => {
+                            // The controller now offers other versions: forget
+                            // its old HELLO, so OVS's next connection waits for
+                            // the controller's own (one reconnect, then the
+                            // new HELLO is remembered).
+                            *memory.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                            return Err(e);
+                        }
+                    }
                 }
                 if let Some(h) = stand_in.swallowed() {
                     remember(memory, h);

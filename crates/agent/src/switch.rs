@@ -17,6 +17,7 @@ use crate::link::{Link, Scheduling};
 use crate::metrics::{Metrics, RefusalReason};
 use crate::services::{Service, ServiceTable};
 use crate::session::{Handshake, HelloMemory, HelloWatch, Outcome};
+use crate::stand_in::{self, Ending, LinkView, Verdict};
 use crate::{AgentError, Shutdown, control};
 use bytes::Bytes;
 use quicsdn_transport::local::{LocalListener, LocalRead, LocalStream, LocalWrite};
@@ -84,6 +85,10 @@ struct Inner {
     /// The controller agent refused our last attempt (admission control): it is
     /// up, so OVS's connections wait for the next attempt instead of closing.
     refused: AtomicBool,
+    /// What the last connection or attempt to end said about the controller
+    /// agent: whether OVS may get the HELLO stand-in before a new connection
+    /// has heard from it ([`stand_in`]).
+    last_ending: std::sync::Mutex<Verdict>,
     metrics: Arc<Metrics>,
     /// `quicsdn snoop` clients.
     taps: Arc<crate::tap::Taps>,
@@ -174,6 +179,7 @@ impl SwitchAgent {
             kick: Notify::new(),
             zero_rtt_rejected: AtomicBool::new(false),
             refused: AtomicBool::new(false),
+            last_ending: std::sync::Mutex::new(Verdict::Silent),
             metrics,
             taps: crate::tap::Taps::new(),
             qlog,
@@ -544,6 +550,16 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
                 // A 0-RTT connection is Up before the controller agent has seen
                 // it, so a refusal shows up here.
                 let refused = is_refusal(&reason);
+                inner.ended(if refused {
+                    Ending::Refused
+                } else if inner.zero_rtt_rejected.load(Ordering::Relaxed) {
+                    Ending::ZeroRttRejected
+                } else {
+                    Ending::Lost {
+                        confirmed: link.is_confirmed(),
+                        reason: reason.clone(),
+                    }
+                });
                 inner.refused.store(refused, Ordering::Relaxed);
                 inner.state.send_replace(LinkState::Down);
                 if refused {
@@ -583,6 +599,7 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
             }
             Err(Attempt::Refused) => {
                 inner.metrics.refused(RefusalReason::admission);
+                inner.ended(Ending::Refused);
                 inner.refused.store(true, Ordering::Relaxed);
                 inner.state.send_replace(LinkState::Down);
                 info!(switch = %inner.identity, controller = %addr, "the controller agent is busy (admission control refused the connection); retrying shortly");
@@ -592,6 +609,7 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
                 if let Some(r) = refusal {
                     inner.metrics.refused(r);
                 }
+                inner.ended(Ending::AttemptFailed);
                 inner.refused.store(false, Ordering::Relaxed);
                 inner.state.send_replace(LinkState::Down);
                 warn!(switch = %inner.identity, "cannot connect to the controller agent at {addr}: {e}");
@@ -890,8 +908,7 @@ async fn new_session(
         stand_in: None,
     });
     if let Some(w) = hello.as_mut()
-        && inner.config.hello_stand_in
-        && !link_is_up(&inner)
+        && inner.stand_in_engages(&w.memory)
     {
         match stand_in_hello(&inner, &service, &w.memory, &mut local).await {
             Ok(None) => {}
@@ -928,14 +945,46 @@ fn link_is_up(inner: &Inner) -> bool {
     matches!(&*inner.state.borrow(), LinkState::Up(l) if l.is_alive())
 }
 
+impl Inner {
+    /// Records how a connection or attempt ended, for the HELLO stand-in.
+    fn ended(&self, ending: Ending) {
+        *self.last_ending.lock().unwrap_or_else(|e| e.into_inner()) = Verdict::after(&ending);
+    }
+
+    /// Whether OVS's new OpenFlow connection gets the controller's
+    /// remembered HELLO at once ([`stand_in::engages`]).
+    fn stand_in_engages(&self, memory: &HelloMemory) -> bool {
+        let mut last = *self.last_ending.lock().unwrap_or_else(|e| e.into_inner());
+        let link = match &*self.state.borrow() {
+            LinkState::Up(l) => match l.conn.close_reason() {
+                None if l.is_confirmed() => LinkView::Up,
+                None => LinkView::Unconfirmed,
+                // Closed, and the manager has not recorded how yet.
+                Some(reason) => {
+                    last = Verdict::after(&Ending::Lost {
+                        reason,
+                        confirmed: l.is_confirmed(),
+                    });
+                    LinkView::Down
+                }
+            },
+            LinkState::Connecting => LinkView::Connecting,
+            LinkState::Down => LinkView::Down,
+        };
+        let remembered = memory.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+        stand_in::engages(self.config.hello_stand_in, remembered, link, last)
+    }
+}
+
 /// How long OVS's HELLO may take once its connection is open: it sends it at
 /// once (OpenFlow 1.3.5 §6.3.1: "each side of the connection must immediately
 /// send an OFPT_HELLO message").
 const OVS_HELLO_WAIT: Duration = Duration::from_secs(5);
 
-/// The controller agent is out of reach and OVS has just connected: answers
-/// OVS's HELLO with the controller's HELLO of the previous session, so OVS's
-/// HELLO wait (1 s) does not expire while the agent reconnects
+/// OVS has just connected and the link is not known dead
+/// ([`stand_in::engages`]): answers OVS's HELLO with the controller's HELLO
+/// of the previous session, so OVS's HELLO wait (1 s) does not expire while
+/// the agent reconnects or a restarted controller agent catches up
 /// ([`quicsdn_lanes::hello`]), then reads OVS's HELLO, which still goes to
 /// the controller. Returns (the HELLO sent, OVS's HELLO) and every byte read
 /// from OVS; `None` if no HELLO is remembered yet (the first session waits as
@@ -955,7 +1004,7 @@ async fn stand_in_hello(
         .map_err(|e| format!("cannot send it the controller's HELLO: {e}"))?;
     debug!(
         switch = %inner.identity, service = %service.name,
-        "the controller agent is out of reach: answered OVS's HELLO with the controller's previous one"
+        "answered OVS's HELLO with the controller's previous one (the controller's own is not here yet)"
     );
     let mut read = bytes::BytesMut::with_capacity(quicsdn_lanes::MIN_READ_CHUNK);
     let whole = |b: &[u8]| {

@@ -3,10 +3,14 @@
 //! controller's previous HELLO at once; when the controller agent is back, the
 //! controller receives OVS's HELLO as usual and its own HELLO is swallowed, so
 //! OVS's next message is the FEATURES_REQUEST. A controller whose new HELLO
-//! would negotiate another version gets the session closed, with a log line.
+//! would negotiate another version gets the session closed, with a log line,
+//! and its old HELLO forgotten. With 0-RTT the stand-in also answers on the
+//! live link to the restarted controller agent; once the controller agent is
+//! known dead (an attempt got no answer) OVS gets no stand-in.
 
 mod support;
 
+use quicsdn_agent::config::SwitchConfig;
 use quicsdn_agent::{ControllerAgent, SwitchAgent};
 use quicsdn_wire::openflow::message;
 use std::net::SocketAddr;
@@ -57,34 +61,83 @@ async fn ovs_reconnects(agent: &SwitchAgent, expect: &[u8], ovs_hello: &[u8]) ->
     ovs
 }
 
+/// A controller agent and a switch agent `sw1` whose OpenFlow service goes
+/// from a `ptcp:` listener (OVS's side) to a fake controller.
+struct Bed {
+    pki: Pki,
+    fake: FakeController,
+    services: [String; 1],
+    controller: ControllerAgent,
+    agent: SwitchAgent,
+}
+
+impl Bed {
+    async fn up(tweak: impl FnOnce(&mut SwitchConfig)) -> Bed {
+        let pki = Pki::new();
+        let fake = FakeController::new().await;
+        let services = [format!("openflow={}", fake.target())];
+        let (controller, agent) = pair(
+            &pki,
+            "sw1",
+            &services,
+            &["openflow=ptcp:0:127.0.0.1".to_string()],
+            |_, s| tweak(s),
+        )
+        .await;
+        Bed {
+            pki,
+            fake,
+            services,
+            controller,
+            agent,
+        }
+    }
+}
+
+/// OVS's first session: both HELLOs cross as usual, and the switch agent
+/// remembers the controller's.
+async fn first_session(
+    agent: &SwitchAgent,
+    fake: &FakeController,
+    ovs_hello: &[u8],
+    ctl_hello: &[u8],
+) -> TcpStream {
+    let mut ovs = ovs_connect(agent, "openflow").await;
+    ovs.write_all(ovs_hello).await.unwrap();
+    let mut ctl = fake.accept().await;
+    assert_eq!(read_exactly(&mut ctl, 16, PATIENCE).await, ovs_hello);
+    ctl.write_all(ctl_hello).await.unwrap();
+    assert_eq!(read_exactly(&mut ovs, 16, PATIENCE).await, ctl_hello);
+    ovs
+}
+
+/// OVS's connection is closed by the switch agent.
+async fn assert_closed(ovs: &mut TcpStream) {
+    let mut eof = [0u8; 1];
+    let n = tokio::time::timeout(PATIENCE, ovs.read(&mut eof)).await;
+    assert!(
+        matches!(n, Ok(Ok(0) | Err(_))),
+        "OVS's connection closed: {n:?}"
+    );
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn ovs_gets_the_controllers_hello_while_the_controller_agent_restarts() {
     let (logs, _guard) = LogCapture::install();
-    let pki = Pki::new();
-    let fake = FakeController::new().await;
-    let services = [format!("openflow={}", fake.target())];
-    let (controller, agent) = pair(
-        &pki,
-        "sw1",
-        &services,
-        &["openflow=ptcp:0:127.0.0.1".to_string()],
-        |_, s| s.common.quic.zero_rtt = false,
-    )
-    .await;
+    let Bed {
+        pki,
+        fake,
+        services,
+        controller,
+        agent,
+    } = Bed::up(|s| s.common.quic.zero_rtt = false).await;
     let addr = controller.local_addr().unwrap();
     let ovs_hello = hello(4, 1 << 4, 1);
     // os-ken's HELLO: 1.5 in the header, 1.0 to 1.5 in the bitmap.
     let ctl_hello = hello(6, 0b111_1110, 9);
     let features_request = message(4, 5, 10, &[]);
 
-    // The first session: both HELLOs cross as usual, and the switch agent
-    // remembers the controller's.
-    let mut ovs = ovs_connect(&agent, "openflow").await;
-    ovs.write_all(&ovs_hello).await.unwrap();
-    let mut ctl = fake.accept().await;
-    assert_eq!(read_exactly(&mut ctl, 16, PATIENCE).await, ovs_hello);
-    ctl.write_all(&ctl_hello).await.unwrap();
-    assert_eq!(read_exactly(&mut ovs, 16, PATIENCE).await, ctl_hello);
+    let mut ovs = first_session(&agent, &fake, &ovs_hello, &ctl_hello).await;
 
     // The controller agent goes away; OVS reconnects while it is down.
     controller.shutdown().await;
@@ -129,25 +182,115 @@ async fn ovs_gets_the_controllers_hello_while_the_controller_agent_restarts() {
     assert_eq!(lines.len(), 1, "{}", logs.text());
     assert!(lines[0].contains("negotiated 0x04"), "{}", lines[0]);
 
+    // The old HELLO is forgotten: OVS's next connection waits for the
+    // controller's own HELLO, which is remembered from then on.
+    let mut ovs = ovs_connect(&agent, "openflow").await;
+    ovs.write_all(&ovs_hello).await.unwrap();
+    let mut ctl = fake.accept().await;
+    assert_eq!(read_exactly(&mut ctl, 16, PATIENCE).await, ovs_hello);
+    let ctl_hello_10 = hello(1, 1 << 1, 12);
+    ctl.write_all(&ctl_hello_10).await.unwrap();
+    assert_eq!(
+        read_exactly(&mut ovs, 16, PATIENCE).await,
+        ctl_hello_10,
+        "the controller's new HELLO, not the forgotten one"
+    );
+
     agent.shutdown().await;
     controller.shutdown().await;
 }
 
+/// With 0-RTT (the default), the switch agent is connected to the restarted
+/// controller agent at once; OVS's HELLO wait must not depend on how soon the
+/// controller behind it answers, so OVS gets the stand-in on a live link too.
+#[tokio::test(flavor = "current_thread")]
+async fn with_0rtt_ovs_gets_the_hello_before_the_restarted_controller_answers() {
+    let Bed {
+        pki,
+        fake,
+        services,
+        controller,
+        agent,
+    } = Bed::up(|_| {}).await;
+    let addr = controller.local_addr().unwrap();
+    let ovs_hello = hello(4, 1 << 4, 1);
+    let ctl_hello = hello(6, 0b111_1110, 9);
+    let mut ovs = first_session(&agent, &fake, &ovs_hello, &ctl_hello).await;
+
+    // The controller agent restarts, and the switch agent is back on it.
+    controller.shutdown().await;
+    assert_closed(&mut ovs).await;
+    let controller = controller_at(&pki, &services, addr).await;
+    assert!(agent.wait_connected(PATIENCE).await, "never reconnected");
+
+    // OVS reconnects: the HELLO comes at once, before the controller has even
+    // accepted the controller agent's connection.
+    let mut ovs = ovs_reconnects(&agent, &ctl_hello, &ovs_hello).await;
+    let mut ctl = fake.accept().await;
+    assert_eq!(read_exactly(&mut ctl, 16, PATIENCE).await, ovs_hello);
+    let features_request = message(4, 5, 10, &[]);
+    ctl.write_all(&[ctl_hello.clone(), features_request.clone()].concat())
+        .await
+        .unwrap();
+    assert_eq!(
+        read_exactly(&mut ovs, 8, PATIENCE).await,
+        features_request,
+        "OVS sees one HELLO only"
+    );
+    agent.shutdown().await;
+    controller.shutdown().await;
+}
+
+/// A controller agent that does not come back: OVS's fail mode must see it.
+/// After the graceful close, OVS's next connection still gets the stand-in
+/// (a restart is likely) and is closed when the attempt gets no answer; from
+/// then on the link is known dead, and OVS gets nothing but a close.
+#[tokio::test(flavor = "current_thread")]
+async fn once_the_controller_agent_is_known_dead_ovs_gets_no_stand_in() {
+    let grace = Duration::from_secs(2);
+    let Bed {
+        fake,
+        controller,
+        agent,
+        ..
+    } = Bed::up(|s| {
+        s.common.quic.idle_timeout = grace;
+        s.common.quic.keepalive = quicsdn_transport::quic::agent_keepalive_for(grace);
+    })
+    .await;
+    let ovs_hello = hello(4, 1 << 4, 1);
+    let ctl_hello = hello(6, 0b111_1110, 9);
+    let mut ovs = first_session(&agent, &fake, &ovs_hello, &ctl_hello).await;
+
+    controller.shutdown().await;
+    assert_closed(&mut ovs).await;
+    // Just after the close: the stand-in, then a close once the attempt
+    // (0-RTT, to nobody) gives up within the grace period.
+    let mut ovs = ovs_reconnects(&agent, &ctl_hello, &ovs_hello).await;
+    assert_closed(&mut ovs).await;
+    // Known dead: no HELLO, only a close, so OVS's fail mode takes over.
+    let mut ovs = ovs_connect(&agent, "openflow").await;
+    ovs.write_all(&ovs_hello).await.unwrap();
+    let mut got = Vec::new();
+    let n = tokio::time::timeout(PATIENCE, ovs.read_to_end(&mut got)).await;
+    assert!(
+        matches!(n, Ok(Ok(0)) | Ok(Err(_))) && got.is_empty(),
+        "nothing but a close reaches OVS: {n:?} {got:?}"
+    );
+    agent.shutdown().await;
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn without_the_stand_in_ovs_waits_for_the_controller() {
-    let pki = Pki::new();
-    let fake = FakeController::new().await;
-    let services = [format!("openflow={}", fake.target())];
-    let (controller, agent) = pair(
-        &pki,
-        "sw1",
-        &services,
-        &["openflow=ptcp:0:127.0.0.1".to_string()],
-        |_, s| {
-            s.common.quic.zero_rtt = false;
-            s.hello_stand_in = false;
-        },
-    )
+    let Bed {
+        fake,
+        controller,
+        agent,
+        ..
+    } = Bed::up(|s| {
+        s.common.quic.zero_rtt = false;
+        s.hello_stand_in = false;
+    })
     .await;
     let ovs_hello = hello(4, 1 << 4, 1);
     let mut ovs = ovs_connect(&agent, "openflow").await;

@@ -481,12 +481,16 @@ pub struct SwitchArgs {
     /// (docs/benchmarks.md). [default: true]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub zero_length_cid: Option<bool>,
-    /// Do not answer OVS's OpenFlow HELLO on the controller's behalf while the
-    /// controller agent is out of reach. By default the agent sends OVS the
+    /// Do not answer OVS's OpenFlow HELLO on the controller's behalf. By
+    /// default, when OVS connects and the link to the controller agent is not
+    /// known dead (it is up, or it has not heard from a controller agent that
+    /// just closed, reset or refused the previous one), the agent sends OVS the
     /// HELLO the controller sent in the previous session, so OVS's 1 s HELLO
     /// wait does not expire during a controller-agent restart, and swallows the
-    /// controller's own HELLO when it comes (closing the session if it would
-    /// negotiate another version).
+    /// controller's own HELLO when it comes (closing the session, and
+    /// forgetting the old HELLO, if it would negotiate another version). After
+    /// the grace period ran out or an attempt got no answer, OVS waits for the
+    /// real HELLO, so its fail mode sees the controller's loss.
     #[arg(long)]
     pub no_hello_stand_in: bool,
 }

@@ -1,6 +1,7 @@
 //! The switch agent's HELLO stand-in: OVS's OpenFlow connection is answered at
-//! once, from the HELLO the controller sent in the previous session, while the
-//! controller agent is still out of reach. No I/O, no clock.
+//! once, from the HELLO the controller sent in the previous session, before
+//! the controller's own HELLO can arrive (when: the agent's `stand_in`
+//! module). No I/O, no clock.
 //!
 //! Why: Open vSwitch gives a new controller connection one second (or its
 //! backoff) to deliver the controller's HELLO (`rconn`'s CONNECTING state, the

@@ -536,7 +536,8 @@ fn start_agents(
             Ok::<_, anyhow::Error>(v)
         })?;
         for a in &started {
-            if !rt.block_on(a.wait_connected(Duration::from_secs(60))) {
+            // Patient: on a loaded machine a handshake may time out and be retried.
+            if !rt.block_on(a.wait_connected(Duration::from_secs(180))) {
                 bail!("switch agent {} did not connect", a.identity());
             }
         }
@@ -771,6 +772,9 @@ impl Bench {
                         limit,
                     )?);
                     println!("shard {k}: switches {first}..={last} connected");
+                }
+                for s in &mut shards {
+                    s.go()?;
                 }
             }
             let here: Vec<usize> = if self.shards == 0 {
@@ -1227,6 +1231,8 @@ mod tests {
         assert_eq!((c.max_handshakes, c.jitter), (64, Duration::from_secs(1)));
         assert!(c.hello_stand_in);
         assert!(!StormConfig::parse("1rtt-nostandin").unwrap().hello_stand_in);
+        assert!(c.ovsdb);
+        assert!(!StormConfig::parse("0rtt-admission-noovsdb").unwrap().ovsdb);
         assert_eq!(
             StormConfig::parse("0rtt-jitter250ms").unwrap().jitter,
             Duration::from_millis(250)

@@ -6,8 +6,10 @@
 //! bench starts shard processes, `quicsdn-lab bench storm --shard SPEC`, each
 //! hosting a contiguous range of switch agents and their simulated OVS.
 //!
-//! A shard starts its agents (in batches, each connected before the next),
-//! then its simulated switches, and prints `ready`; then every 50 ms a line
+//! A shard starts its agents (in batches, each connected before the next) and
+//! prints `ready`; on a line `go` on its standard input it starts its
+//! simulated switches (so every shard's agents are connected before any OVS
+//! connects, as in one process), then prints every 50 ms a line
 //! `stats ATTEMPTS HELLO_TIMEOUTS` with its fleet's counters. It stops when its
 //! standard input closes (the bench ends it, or the bench died).
 
@@ -52,6 +54,16 @@ pub fn run_shard(spec: &str) -> Result<()> {
         .context("starting the shard's runtime")?;
     let range: Vec<usize> = (first..=last).collect();
     let agents = start_agents(&rt, &range, |i| switch_config(&work, &pki, port, i, &cfg))?;
+    let mut out = std::io::stdout();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    let mut stdin = BufReader::new(std::io::stdin());
+    let mut line = String::new();
+    if stdin.read_line(&mut line)? == 0 || line.trim() != "go" {
+        // The bench gave up on the run.
+        stop_agents(&rt, agents);
+        return Ok(());
+    }
     let fleet = Fleet::start(
         range
             .iter()
@@ -59,14 +71,11 @@ pub fn run_shard(spec: &str) -> Result<()> {
             .collect(),
         OvsTiming::default(),
     )?;
-    let mut out = std::io::stdout();
-    writeln!(out, "ready")?;
-    out.flush()?;
     // Stdin closing is the stop signal; meanwhile report the counters.
     let (closed_tx, closed_rx) = mpsc::channel::<()>();
     std::thread::spawn(move || {
         let mut sink = Vec::new();
-        let _ = std::io::stdin().read_to_end(&mut sink);
+        let _ = stdin.read_to_end(&mut sink);
         let _ = closed_tx.send(());
     });
     loop {
@@ -100,7 +109,8 @@ pub struct Shard {
 
 impl Shard {
     /// Starts a shard hosting switches `first..=last` and waits (at most
-    /// `limit`) until all its agents are connected and its OVS started.
+    /// `limit`) until all its agents are connected; [`Shard::go`] starts its
+    /// simulated switches.
     pub fn start(lab: &Path, spec: String, log: &Path, limit: Duration) -> Result<Shard> {
         let err = std::fs::File::create(log)
             .with_context(|| format!("cannot create {}", log.display()))?;
@@ -149,6 +159,14 @@ impl Shard {
             bail!("shard {spec} was not ready within {limit:?}: {tail}");
         }
         Ok(shard)
+    }
+
+    /// Starts its simulated switches.
+    pub fn go(&mut self) -> Result<()> {
+        let stdin = self.stdin.as_mut().context("the shard was stopped")?;
+        stdin.write_all(b"go\n")?;
+        stdin.flush()?;
+        Ok(())
     }
 
     pub fn attempts(&self) -> u64 {

@@ -326,9 +326,10 @@ pub const STEADY_CSV: &[&str] = &[
 /// not a readiness check.
 const AGE: Duration = Duration::from_secs(3);
 
-/// The most switches one run accepts: all their switch agents live in this
-/// process (one tokio runtime), their simulated Open vSwitches are tasks on
-/// another, and 10,000 were run on a 2-core VM (docs/results/storm-10000).
+/// The most switches one run accepts. Their switch agents live in this process
+/// or, beyond its open-file limit, in shard processes; their simulated Open
+/// vSwitches are tasks. 10,000 started on the 2-core VM but did not settle
+/// while it was loaded (docs/results/storm-10000): not yet measured.
 pub const MAX_SWITCHES: usize = 10_000;
 
 /// The switch agents' OVSDB service: towards an OVS listening on a port where
@@ -343,9 +344,9 @@ pub fn run(args: StormArgs) -> Result<()> {
     let restarts = args.restarts.unwrap_or(if args.quick { 1 } else { 2 });
     if switches == 0 || switches > MAX_SWITCHES {
         bail!(
-            "--switches must be between 1 and {MAX_SWITCHES} (got {switches}): one bench \
-             process hosts every switch agent, and {MAX_SWITCHES} is the most it was run with \
-             (docs/scale.md)"
+            "--switches must be between 1 and {MAX_SWITCHES} (got {switches}): the most the \
+             bench is built for (shard processes beyond one process's open files; \
+             docs/scale.md, 10,000 switches)"
         );
     }
     if restarts == 0 {

@@ -32,6 +32,7 @@ fn storm_quick_every_switch_comes_back_and_handshakes_once_per_restart() {
         timeout: 60,
         threads: 2,
         no_plots: false,
+        shard: None,
     })
     .expect("storm bench");
     let (restarts, switches, steady) = storm::read(dir.path()).expect("schemas");
@@ -117,6 +118,7 @@ fn storm_rejects_bad_arguments() {
         timeout: 60,
         threads: 2,
         no_plots: true,
+        shard: None,
     };
     let e = storm::run(args("0rtt-fast", 5)).unwrap_err().to_string();
     assert!(e.contains("unknown part"), "{e}");

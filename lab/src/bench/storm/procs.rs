@@ -72,16 +72,32 @@ pub fn machine_busy_seconds() -> f64 {
     total.saturating_sub(idle) as f64 / hz
 }
 
-/// Raises the soft limit on open files to the hard limit: the bench holds
-/// several descriptors per simulated switch, and its children inherit it.
-pub fn raise_fd_limit() -> u64 {
+/// Raises the limit on open files to at least `want` if it can: the soft
+/// limit to the hard one, and, for a privileged process (the lab runs as
+/// root), the hard limit too, up to the kernel's `fs.nr_open`. The bench holds
+/// several descriptors per simulated switch, and its children (the controller
+/// agent: two per switch) inherit the limit. Returns the soft limit now.
+pub fn raise_fd_limit(want: u64) -> u64 {
     let mut l = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(1 << 20);
     // SAFETY: getrlimit/setrlimit read and write only the struct passed.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 {
+            if l.rlim_max < want {
+                let raised = libc::rlimit {
+                    rlim_cur: want.min(nr_open),
+                    rlim_max: want.min(nr_open),
+                };
+                // Fails without CAP_SYS_RESOURCE: the hard limit stays.
+                libc::setrlimit(libc::RLIMIT_NOFILE, &raised);
+                libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+            }
             l.rlim_cur = l.rlim_max;
             libc::setrlimit(libc::RLIMIT_NOFILE, &l);
             libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);

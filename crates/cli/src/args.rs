@@ -477,8 +477,9 @@ pub struct SwitchArgs {
     /// Use zero-length QUIC connection IDs on this side: the controller agent's
     /// packets to this switch then carry no connection ID (4 bytes less each
     /// than with --cid-len 4). A connection made while the previous one still
-    /// drains gets a new UDP port; with a fixed --bind port they are off
-    /// (docs/benchmarks.md). [default: true]
+    /// drains gets a new UDP port; with a fixed --bind port they are off.
+    /// Not the default: each new endpoint costs about 0.6 MiB of memory per
+    /// reconnection (docs/benchmarks.md). [default: false]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub zero_length_cid: Option<bool>,
     /// Do not answer OVS's OpenFlow HELLO on the controller's behalf. By
@@ -913,7 +914,7 @@ mod tests {
             d.common.quic.ack_frequency,
             Some(quicsdn_transport::quic::DEFAULT_ACK_FREQUENCY)
         );
-        assert!(d.common.quic.zero_length_cid);
+        assert!(!d.common.quic.zero_length_cid);
         assert_eq!(d.common.quic.keepalive, Duration::from_millis(5250));
         assert_eq!(
             d.common.coalesce,
@@ -922,7 +923,7 @@ mod tests {
         let knobs = switch(&[
             "--ack-threshold",
             "off",
-            "--zero-length-cid=false",
+            "--zero-length-cid=true",
             "--coalesce",
             "off",
             "--grace",
@@ -930,7 +931,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(knobs.common.quic.ack_frequency, None);
-        assert!(!knobs.common.quic.zero_length_cid);
+        assert!(knobs.common.quic.zero_length_cid);
         assert_eq!(knobs.common.coalesce, None);
         assert_eq!(knobs.common.quic.keepalive, Duration::from_millis(8750));
         assert!(switch(&["--ack-threshold", "many"]).is_err());

@@ -46,8 +46,8 @@ pub fn settings(quick: bool) -> Vec<(&'static str, Vec<&'static str>)> {
         ("defaults, coalesce 20ms", vec!["--coalesce=20ms"]),
         ("defaults, ACK frequency off", vec!["--ack-threshold=off"]),
         (
-            "defaults, switch CIDs not zero-length",
-            vec!["--zero-length-cid=false"],
+            "defaults + zero-length CIDs (switch)",
+            vec!["--zero-length-cid"],
         ),
         ("defaults, 8-byte CIDs", vec!["--cid-len=8"]),
     ];

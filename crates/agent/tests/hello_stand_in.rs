@@ -13,7 +13,6 @@ mod support;
 use quicsdn_agent::config::SwitchConfig;
 use quicsdn_agent::{ControllerAgent, SwitchAgent};
 use quicsdn_wire::openflow::message;
-use std::net::SocketAddr;
 use std::time::Duration;
 use support::*;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -33,22 +32,6 @@ async fn read_exactly(s: &mut (impl AsyncRead + Unpin), n: usize, within: Durati
         .expect("timed out reading")
         .expect("read");
     buf
-}
-
-/// Starts a controller agent on `addr`, once the old one has let it go.
-async fn controller_at(pki: &Pki, services: &[String], addr: SocketAddr) -> ControllerAgent {
-    let mut cfg = controller_config(pki, services);
-    cfg.listen = addr;
-    tokio::time::timeout(PATIENCE, async {
-        loop {
-            if let Ok(c) = ControllerAgent::start(cfg.clone()).await {
-                return c;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the controller agent's address never became free")
 }
 
 /// OVS's new connection while the controller agent is down: the switch agent
@@ -147,7 +130,7 @@ async fn ovs_gets_the_controllers_hello_while_the_controller_agent_restarts() {
     let mut ovs = ovs_reconnects(&agent, &ctl_hello, &ovs_hello).await;
 
     // Back: the controller gets OVS's HELLO; its own HELLO is swallowed.
-    let controller = controller_at(&pki, &services, addr).await;
+    let controller = controller_agent_at(&pki, &services, addr).await;
     let mut ctl = fake.accept().await;
     assert_eq!(read_exactly(&mut ctl, 16, PATIENCE).await, ovs_hello);
     ctl.write_all(&[ctl_hello.clone(), features_request.clone()].concat())
@@ -169,7 +152,7 @@ async fn ovs_gets_the_controllers_hello_while_the_controller_agent_restarts() {
     let n = tokio::time::timeout(PATIENCE, ovs.read(&mut eof)).await;
     assert!(matches!(n, Ok(Ok(0) | Err(_))), "OVS's connection closed");
     let mut ovs = ovs_reconnects(&agent, &ctl_hello, &ovs_hello).await;
-    let controller = controller_at(&pki, &services, addr).await;
+    let controller = controller_agent_at(&pki, &services, addr).await;
     let mut ctl = fake.accept().await;
     assert_eq!(read_exactly(&mut ctl, 16, PATIENCE).await, ovs_hello);
     ctl.write_all(&hello(1, 1 << 1, 11)).await.unwrap();
@@ -220,7 +203,7 @@ async fn with_0rtt_ovs_gets_the_hello_before_the_restarted_controller_answers() 
     // The controller agent restarts, and the switch agent is back on it.
     controller.shutdown().await;
     assert_closed(&mut ovs).await;
-    let controller = controller_at(&pki, &services, addr).await;
+    let controller = controller_agent_at(&pki, &services, addr).await;
     assert!(agent.wait_connected(PATIENCE).await, "never reconnected");
 
     // OVS reconnects: the HELLO comes at once, before the controller has even

@@ -1,12 +1,12 @@
 //! The RustSec advisories against the QUIC stack quicsdn trusts, checked
-//! against the versions Cargo.lock pins, with no network: a fresh CI machine
-//! cannot reach the advisory database's git repository (scripts/audit runs
-//! cargo-deny against the whole database where it can be had; README,
-//! "Dependency hygiene").
+//! against the versions Cargo.lock pins, by `cargo test` alone. The whole
+//! database is checked by scripts/audit (cargo-deny, against the snapshot in
+//! third_party/rustsec-advisory-db), which `scripts/test` runs first.
 //!
 //! Each row is (advisory, crate, first fixed version, what it was), read from
-//! the advisory's own `[versions] patched` field. Add a row when an advisory
-//! is published against these crates.
+//! the advisory's own `[versions] patched` field. A snapshot refresh that
+//! brings a new advisory against these crates fails
+//! `every_advisory_in_the_vendored_snapshot_has_a_row` until its row is added.
 
 /// A version as (major, minor, patch).
 type Version = (u64, u64, u64);
@@ -92,4 +92,44 @@ fn the_version_reader_reads_what_cargo_writes() {
     assert_eq!(locked_versions(lock, "quinn"), [(0, 11, 12)]);
     // 0.11.13 is below RUSTSEC-2026-0037's fix: the check would fail on it.
     assert!((0, 11, 13) < FIXED_IN[1].2);
+}
+
+/// The QUIC crates whose advisories the table must cover.
+const QUIC_CRATES: &[&str] = &["quinn-proto", "quinn", "quinn-udp"];
+
+#[test]
+fn every_advisory_in_the_vendored_snapshot_has_a_row() {
+    let db = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../third_party/rustsec-advisory-db/crates");
+    let mut seen = 0;
+    for krate in QUIC_CRATES {
+        let Ok(dir) = std::fs::read_dir(db.join(krate)) else {
+            continue; // no advisory was ever published against it
+        };
+        for file in dir {
+            let path = file.unwrap().path();
+            let id = path.file_stem().unwrap().to_str().unwrap().to_owned();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let (_, row_krate, fixed, _) = FIXED_IN
+                .iter()
+                .find(|row| row.0 == id)
+                .unwrap_or_else(|| panic!("{id} ({krate}) is in the snapshot but not in FIXED_IN"));
+            assert_eq!(row_krate, krate, "{id}");
+            let patched = text
+                .lines()
+                .find(|l| l.starts_with("patched = "))
+                .unwrap_or_else(|| panic!("{}: no patched versions", path.display()));
+            let fixed = format!("{}.{}.{}", fixed.0, fixed.1, fixed.2);
+            assert!(
+                patched.contains(&format!(">= {fixed}")),
+                "{id}: FIXED_IN says fixed in {fixed}, the advisory says {patched}"
+            );
+            seen += 1;
+        }
+    }
+    assert_eq!(
+        seen,
+        FIXED_IN.len(),
+        "a FIXED_IN row has no advisory in the snapshot"
+    );
 }

@@ -180,16 +180,18 @@ pub const DEFAULT_ACK_FREQUENCY: AckFrequency = AckFrequency {
 /// max_ack_delay", so a lost packet that nothing follows is retransmitted up
 /// to (RTT − 25 ms) later, about one RTT. On a short RTT nothing changes (25 ms
 /// either way), and a loss followed by any packet is still found by the
-/// packet threshold at once. Why a cap: above it (satellite paths) the PTO
-/// and the idle timer it feeds (quinn's is at least 3 PTOs) would grow with
-/// the RTT, and the 750 ms margin of [`agent_keepalive_for`] with it.
+/// packet threshold at once. Why a cap: above it (satellite paths) the PTO,
+/// and the idle timer it feeds (quinn's is at least 3 PTOs), would keep
+/// growing with the RTT, further past the 750 ms margin that
+/// [`agent_keepalive_for`] leaves for a lost PING's retransmission.
 pub const AUTO_ACK_DELAY_CAP: Duration = Duration::from_millis(200);
 
 /// The ACK delay quinn 0.11 asks of a quinn peer for `max_delay` (`None`: the
 /// peer's own `max_ack_delay`, 25 ms) at smoothed RTT `rtt`: the request, but
 /// no more than the larger of the RTT and 25 ms, and no less than the peer's
-/// `min_ack_delay` (1 ms) (quinn-proto's `candidate_max_ack_delay`). What
-/// `--ack-delay` buys on a given path.
+/// `min_ack_delay` (1 ms) (quinn-proto's `candidate_max_ack_delay`, which
+/// does the adapting; this restates its rule so that the agents' choice of
+/// cap can be checked against paths). What `--ack-delay` buys on a given path.
 pub fn requested_ack_delay(max_delay: Option<Duration>, rtt: Duration) -> Duration {
     const QUINN_RTT_FLOOR: Duration = Duration::from_millis(25);
     const QUINN_MIN_ACK_DELAY: Duration = Duration::from_millis(1);

@@ -425,9 +425,12 @@ pub struct CommonArgs {
     /// every second packet. [default: 16]
     #[arg(long, value_name = "N|off")]
     pub ack_threshold: Option<String>,
-    /// With --ack-threshold: the longest the peer may delay an ACK (clamped by quinn
-    /// to at most max(RTT, 25ms)). [default: the peer's own, 25ms]
-    #[arg(long, value_name = "DURATION")]
+    /// With the ACK frequency extension: the longest the peer may delay an ACK.
+    /// quinn lowers a request to max(RTT, 25ms). `auto`: ask for the RTT (25 ms
+    /// on a LAN, up to 200 ms), so an ACK can ride on the next message back;
+    /// a lost packet that nothing follows is retransmitted up to that much later.
+    /// `peer`: the peer's own, 25 ms. [default: auto]
+    #[arg(long, value_name = "auto|peer|DURATION")]
     pub ack_delay: Option<String>,
     /// Length in bytes (4 to 8) of the QUIC connection IDs this agent issues,
     /// which every packet the peer sends to it carries. [default: 4]
@@ -672,9 +675,13 @@ fn common(args: CommonArgs, file: &mut FileConfig) -> Result<CommonConfig> {
                         .parse()
                         .map_err(|_| anyhow!("--ack-threshold {n:?}: a number or off"))?,
                 },
-                max_delay: match args.ack_delay.or(file.ack_delay.take()) {
-                    Some(d) => Some(parse_duration(&d).map_err(|e| anyhow!("--ack-delay: {e}"))?),
-                    None => None,
+                max_delay: match args.ack_delay.or(file.ack_delay.take()).as_deref() {
+                    None | Some("auto") => quicsdn_transport::quic::DEFAULT_ACK_FREQUENCY.max_delay,
+                    Some("peer") => None,
+                    Some(d) => Some(
+                        parse_duration(d)
+                            .map_err(|e| anyhow!("--ack-delay: {e} (or auto, peer)"))?,
+                    ),
                 },
             }),
         },
@@ -952,6 +959,22 @@ mod tests {
             })
         );
         assert!(t.common.quic.zero_length_cid);
+        let ack_delay = |v: &str| {
+            switch(&["--ack-delay", v])
+                .unwrap()
+                .common
+                .quic
+                .ack_frequency
+                .unwrap()
+                .max_delay
+        };
+        assert_eq!(
+            ack_delay("auto"),
+            Some(quicsdn_transport::quic::AUTO_ACK_DELAY_CAP)
+        );
+        assert_eq!(ack_delay("peer"), None);
+        assert_eq!(ack_delay("40ms"), Some(Duration::from_millis(40)));
+        assert!(switch(&["--ack-delay", "soon"]).is_err());
         assert!(switch(&["--coalesce", "soon"]).is_err());
         assert_eq!(d.common.quic.cid_len, 4);
         assert_eq!(switch(&["--cid-len", "8"]).unwrap().common.quic.cid_len, 8);

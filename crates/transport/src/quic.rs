@@ -148,22 +148,58 @@ pub struct AckFrequency {
     /// Ack-eliciting packets the peer may receive before it must acknowledge.
     pub threshold: u32,
     /// The longest the peer may delay an acknowledgement (quinn clamps it to at
-    /// most the greater of the RTT and 25 ms); `None`: the peer's own.
+    /// most the greater of the RTT and 25 ms: [`requested_ack_delay`]); `None`:
+    /// the peer's own (25 ms).
     pub max_delay: Option<Duration>,
 }
 
 /// The ACK frequency the agents ask for by default: an ACK every 17th
-/// ack-eliciting packet, or after the peer's own `max_ack_delay` (25 ms), which
-/// leaves the probe timeout (RFC 9002 §6.2.1: it includes `max_ack_delay`) and
-/// so tail-loss recovery unchanged. Loss recovery is not slowed: quinn asks for a
-/// reordering threshold of 2, so a gap (a lost packet) is acknowledged at once
-/// and detected by the packet threshold as before (draft-ietf-quic-ack-frequency
-/// §6.2), and its probes carry IMMEDIATE_ACK (§5). 16 is what `bench tuning`
-/// measured (docs/benchmarks.md).
+/// ack-eliciting packet, or after at most the path's RTT (at least 25 ms, at most
+/// [`AUTO_ACK_DELAY_CAP`]): see [`requested_ack_delay`]. Loss recovery by packet
+/// threshold is not slowed: quinn asks for a reordering threshold of 2, so a gap
+/// (a lost packet) is acknowledged at once and detected as before
+/// (draft-ietf-quic-ack-frequency §6.2), and its probes carry IMMEDIATE_ACK (§5).
+/// 16 is what `bench tuning` measured (docs/benchmarks.md).
 pub const DEFAULT_ACK_FREQUENCY: AckFrequency = AckFrequency {
     threshold: 16,
-    max_delay: None,
+    max_delay: Some(AUTO_ACK_DELAY_CAP),
 };
+
+/// `--ack-delay auto`, the default: the longest ACK delay the agents ask of the
+/// peer. quinn lowers the request to the path's smoothed RTT, and raises it to
+/// no less than 25 ms (`candidate_max_ack_delay`), and sends a new ACK_FREQUENCY
+/// frame whenever that value drifts by more than 20 % (the RTT changed), so the
+/// request follows the RTT: 25 ms on a LAN (the peer's own `max_ack_delay`,
+/// what RFC 9000 gives anyway) and the RTT on a WAN, up to this cap.
+///
+/// Why the RTT: at a few messages per second each way, an ACK that may wait
+/// one RTT usually rides on the next message the other way instead of leaving
+/// in a packet of its own (at 10 msg/s, 78 % of the time within 150 ms, 22 %
+/// within 25 ms). The price is tail-loss recovery:
+/// RFC 9002 §6.2.1, "PTO = smoothed_rtt + max(4*rttvar, kGranularity) +
+/// max_ack_delay", so a lost packet that nothing follows is retransmitted up
+/// to (RTT − 25 ms) later, about one RTT. On a short RTT nothing changes (25 ms
+/// either way), and a loss followed by any packet is still found by the
+/// packet threshold at once. Why a cap: above it (satellite paths) the PTO,
+/// and the idle timer it feeds (quinn's is at least 3 PTOs), would keep
+/// growing with the RTT, further past the 750 ms margin that
+/// [`agent_keepalive_for`] leaves for a lost PING's retransmission.
+pub const AUTO_ACK_DELAY_CAP: Duration = Duration::from_millis(200);
+
+/// The ACK delay quinn 0.11 asks of a quinn peer for `max_delay` (`None`: the
+/// peer's own `max_ack_delay`, 25 ms) at smoothed RTT `rtt`: the request, but
+/// no more than the larger of the RTT and 25 ms, and no less than the peer's
+/// `min_ack_delay` (1 ms) (quinn-proto's `candidate_max_ack_delay`, which
+/// does the adapting; this restates its rule so that the agents' choice of
+/// cap can be checked against paths). What `--ack-delay` buys on a given path.
+pub fn requested_ack_delay(max_delay: Option<Duration>, rtt: Duration) -> Duration {
+    const QUINN_RTT_FLOOR: Duration = Duration::from_millis(25);
+    const QUINN_MIN_ACK_DELAY: Duration = Duration::from_millis(1);
+    max_delay
+        .unwrap_or(QUINN_RTT_FLOOR)
+        .min(rtt.max(QUINN_RTT_FLOOR))
+        .max(QUINN_MIN_ACK_DELAY)
+}
 
 /// The connection ID length the agents issue by default: 4 bytes instead of
 /// quinn's 8, 4 bytes less in every packet either way. Still a non-zero
@@ -718,6 +754,30 @@ mod tests {
         let mut out = vec![0; key.signature_len()];
         key.sign(cid, &mut out);
         out
+    }
+
+    #[test]
+    fn the_automatic_ack_delay_follows_the_rtt_between_25_ms_and_the_cap() {
+        let ms = |n| Duration::from_millis(n);
+        let auto = DEFAULT_ACK_FREQUENCY.max_delay;
+        assert_eq!(auto, Some(AUTO_ACK_DELAY_CAP));
+        // A LAN: the 25 ms every QUIC peer may take anyway (RFC 9000 §18.2),
+        // so tail-loss recovery on short paths is what it was.
+        assert_eq!(
+            requested_ack_delay(auto, Duration::from_micros(320)),
+            ms(25)
+        );
+        assert_eq!(requested_ack_delay(auto, ms(25)), ms(25));
+        // A WAN: one RTT, so an ACK can wait for the next message back.
+        assert_eq!(requested_ack_delay(auto, ms(150)), ms(150));
+        // Capped, so the PTO stays bounded on satellite paths.
+        assert_eq!(requested_ack_delay(auto, ms(600)), AUTO_ACK_DELAY_CAP);
+        // `--ack-delay peer`: the peer's own, whatever the RTT.
+        assert_eq!(requested_ack_delay(None, ms(150)), ms(25));
+        // A fixed request is lowered to the RTT, never raised.
+        assert_eq!(requested_ack_delay(Some(ms(5)), ms(150)), ms(5));
+        assert_eq!(requested_ack_delay(Some(ms(100)), ms(40)), ms(40));
+        assert_eq!(requested_ack_delay(Some(ms(100)), ms(1)), ms(25));
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub fn settings(quick: bool) -> Vec<(&'static str, Vec<&'static str>)> {
     let mut v = vec![
         ("defaults", vec![]),
         ("old defaults (before issue 13)", OLD_DEFAULT_ARGS.to_vec()),
+        // The ACK delay before `--ack-delay auto` (only the RTT 100 ms delay
+        // cell differs: on a short RTT both ask for 25 ms).
+        ("defaults, ACK delay 25 ms (peer)", vec!["--ack-delay=peer"]),
         ("defaults, coalescing off", vec!["--coalesce=off"]),
         ("defaults, coalesce 2ms", vec!["--coalesce=2ms"]),
         ("defaults, coalesce 5ms", vec!["--coalesce=5ms"]),

@@ -165,8 +165,9 @@ struct EdgeArgs {
     /// Send every read from a host at once instead of filling datagrams.
     #[arg(long)]
     no_accumulate: bool,
-    /// Longest a partly filled datagram waits.
-    #[arg(long, value_parser = parse_duration, default_value = "5ms")]
+    /// Longest a partly filled datagram waits (a lone small write waits this
+    /// long; shorter waits send more, emptier datagrams: docs/sdudp.md).
+    #[arg(long, value_parser = parse_duration, default_value = "20ms")]
     accumulate_wait: Duration,
     /// Routing table numbers: TABLE (local delivery) and TABLE+1 (blackhole).
     #[arg(long, default_value_t = 100)]

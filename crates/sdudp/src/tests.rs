@@ -393,7 +393,8 @@ fn accumulation_fills_datagrams_and_bounds_the_wait() {
     let a = sim.a_conn.unwrap();
     let now = sim.now;
     assert_eq!(sim.edge(0).send(now, a, b"tail"), 4);
-    sim.run(ms(100) + ms(5) + ms(40) + ms(1));
+    let wait = EdgeConfig::default().accumulate_wait;
+    sim.run(ms(100) + wait + ms(40) + ms(1));
     assert_eq!(sim.at_b, b"tail");
 }
 

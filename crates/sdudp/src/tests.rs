@@ -28,14 +28,26 @@ fn flow() -> FlowKey {
     }
 }
 
+/// Host A writes `files` files of 0.5 KB (set A), one per `gap`, and closes;
+/// the run must finish cleanly.
+fn send_small_files(sim: &mut Sim, files: usize, gap: Duration, seed: u64) {
+    sim.a_data = pattern(500 * files, seed);
+    sim.a_write = 500;
+    sim.a_interval = gap;
+    sim.connect();
+    sim.run(Duration::from_secs(60));
+    assert_clean_finish(sim);
+}
+
+/// The default edge with its engines' settings changed by `f`.
+fn edge_with(f: impl FnOnce(&mut Config)) -> EdgeConfig {
+    let mut cfg = EdgeConfig::default();
+    f(&mut cfg.hop);
+    cfg
+}
+
 fn small(capacity: u32) -> EdgeConfig {
-    EdgeConfig {
-        hop: Config {
-            capacity,
-            ..Config::default()
-        },
-        ..EdgeConfig::default()
-    }
+    edge_with(|c| c.capacity = capacity)
 }
 
 /// Asserts a finished run: every byte once and in order both ways, FIN both
@@ -374,12 +386,7 @@ fn accumulation_fills_datagrams_and_bounds_the_wait() {
             ..EdgeConfig::default()
         };
         let mut sim = Sim::new(1, Link::clean(ms(20)), cfg, 71);
-        sim.a_data = pattern(500 * 200, 72);
-        sim.a_write = 500;
-        sim.a_interval = ms(1);
-        sim.connect();
-        sim.run(Duration::from_secs(30));
-        assert_clean_finish(&sim);
+        send_small_files(&mut sim, 200, ms(1), 72);
         counts.push(sim.relay(1).stats().forwarded);
     }
     // With: ~100 KB / 1471 ≈ 68 DATA; without: 200.
@@ -755,13 +762,7 @@ fn random_loss_does_not_shrink_the_window_but_queueing_does() {
 /// The receivers' release delay of the engines before it became long (and
 /// the senders started asking for releases they need sooner).
 fn with_release_delay(release_delay: Duration) -> EdgeConfig {
-    EdgeConfig {
-        hop: Config {
-            release_delay,
-            ..Config::default()
-        },
-        ..EdgeConfig::default()
-    }
+    edge_with(|c| c.release_delay = release_delay)
 }
 
 #[test]
@@ -775,12 +776,7 @@ fn a_slow_stream_is_released_in_batches() {
             ..Link::clean(ms(20))
         };
         let mut sim = Sim::new(3, link, cfg, seed);
-        sim.a_data = pattern(500 * 400, 94);
-        sim.a_write = 500;
-        sim.a_interval = ms(5);
-        sim.connect();
-        sim.run(Duration::from_secs(60));
-        assert_clean_finish(&sim);
+        send_small_files(&mut sim, 400, ms(5), 94);
         let data: u64 = sim.data_on_link.iter().sum();
         let control: u64 = sim.control_on_link.iter().sum();
         (data, control, sim.b_all_at.expect("B read everything"))

@@ -78,6 +78,11 @@ struct EngineArgs {
     /// Retransmission timeout before any round-trip sample.
     #[arg(long, value_parser = parse_duration, default_value = "100ms")]
     initial_rto: Duration,
+    /// A receiver releases what arrived after 16 datagrams or this long after
+    /// the first unreleased one; senders ask sooner when they need it
+    /// (docs/sdudp.md). 10ms answers a slow stream datagram by datagram.
+    #[arg(long, value_parser = parse_duration, default_value = "100ms")]
+    release_delay: Duration,
     /// No per-hop congestion window: send all the next engine's window allows
     /// at once (the paper's engines; bursts then overflow switch ports).
     #[arg(long, conflicts_with = "newreno_window")]
@@ -99,6 +104,7 @@ impl EngineArgs {
         let cfg = Config {
             capacity: self.capacity,
             initial_rto: self.initial_rto,
+            release_delay: self.release_delay,
             congestion: if self.no_congestion_window {
                 None
             } else if self.newreno_window {
@@ -159,8 +165,9 @@ struct EdgeArgs {
     /// Send every read from a host at once instead of filling datagrams.
     #[arg(long)]
     no_accumulate: bool,
-    /// Longest a partly filled datagram waits.
-    #[arg(long, value_parser = parse_duration, default_value = "5ms")]
+    /// Longest a partly filled datagram waits (a lone small write waits this
+    /// long; shorter waits send more, emptier datagrams: docs/sdudp.md).
+    #[arg(long, value_parser = parse_duration, default_value = "20ms")]
     accumulate_wait: Duration,
     /// Routing table numbers: TABLE (local delivery) and TABLE+1 (blackhole).
     #[arg(long, default_value_t = 100)]

@@ -137,7 +137,12 @@ impl Default for EdgeConfig {
             accumulate: true,
             // Fill datagrams completely: the fewest packets per byte.
             accumulate_target: max_data(1500),
-            accumulate_wait: Duration::from_millis(5),
+            // 20 ms, not 5: the paper's paced sender (a 0.5 KB file every
+            // 5 ms) fills datagrams only if the wait covers several writes;
+            // on 9 switches at 0.5 % loss that is 1,031 frames per switch for
+            // 1000 KB against 1,455 with 5 ms (docs/sdudp.md). The cost: a
+            // lone small write waits up to 20 ms at the edge.
+            accumulate_wait: Duration::from_millis(20),
             mtu: 1500,
         }
     }

@@ -518,7 +518,12 @@ pub struct HopSender {
     capacity: usize,
     keepalive: Duration,
     dead_after: Duration,
-    release_delay: Duration,
+    tail_probe_delay: Duration,
+    /// The next engine releases on its own after this many in-order datagrams.
+    release_every: u64,
+    /// A PROBE went out because the window closed with fewer than
+    /// `release_every` datagrams unreleased; cleared by the next feedback.
+    release_requested: bool,
     /// Every sequence number below `base` was released by the next engine.
     base: u64,
     /// Sequence numbers `base..base + buf.len()`.
@@ -557,7 +562,9 @@ impl HopSender {
             capacity: cfg.capacity as usize,
             keepalive: cfg.keepalive,
             dead_after: cfg.dead_after,
-            release_delay: cfg.release_delay,
+            tail_probe_delay: cfg.tail_probe_delay,
+            release_every: u64::from(cfg.release_every),
+            release_requested: false,
             base: 0,
             buf: VecDeque::new(),
             next_tx: 0,
@@ -646,9 +653,12 @@ impl HopSender {
 
     fn probe_interval(&self) -> Duration {
         if self.base < self.next_tx || self.next_tx < self.end() {
-            // Outstanding: the answer is due within a round trip plus the
-            // receiver's release delay.
-            self.rtt.backed_off(self.probes) + self.release_delay
+            // Outstanding, and nothing new went out for an RTO: ask for the
+            // release rather than wait for the receiver's (long) release
+            // delay, so a lost last datagram is found within an RTO. A
+            // steady stream pushes this back with every send (`on_send`), so
+            // it costs nothing while datagrams keep coming.
+            self.rtt.backed_off(self.probes) + self.tail_probe_delay
         } else {
             self.keepalive
         }
@@ -685,6 +695,19 @@ impl HopSender {
             self.on_send(now);
             return Some((id_of(seq), self.buf[(seq - self.base) as usize].clone()));
         }
+        if !window_open
+            && self.next_tx < self.end()
+            && self.next_tx < self.limit
+            && self.next_tx - self.base < self.release_every
+            && !self.release_requested
+            && self.probes == 0
+        {
+            // The congestion window closed on fewer datagrams than the next
+            // engine releases by count: it would answer only after its
+            // release delay, and the window would stall for it. Ask now.
+            self.release_requested = true;
+            self.probe_at = Some(now);
+        }
         None
     }
 
@@ -706,6 +729,12 @@ impl HopSender {
         self.probes = 0;
         self.first_probe_at = None;
         let fresh = cum >= self.base;
+        // A release sent on the arrival of its last datagram (by count, or
+        // answering our request when the window closed) times the hop; one
+        // sent by the receiver's release timer adds up to `release_delay`,
+        // which the delay rule would read as a queue.
+        let prompt = cum >= self.base + self.release_every || self.release_requested;
+        self.release_requested = false;
         if let Some(c) = &mut self.cwnd
             && cum > self.base
         {
@@ -714,6 +743,7 @@ impl HopSender {
                 .get((cum - 1 - self.base) as usize)
                 .copied()
                 .flatten()
+                .filter(|_| prompt)
                 .map(|t| now.saturating_duration_since(t));
             c.on_release(
                 cum - self.base,

@@ -81,7 +81,15 @@ pub struct Config {
     /// A receiver releases (sends feedback) after this many in-order datagrams…
     pub release_every: u32,
     /// …or this long after the first unreleased one, whichever comes first.
+    /// Long, so that a slow stream (the paper's 100 KB/s: a datagram every
+    /// ~15 ms) is not answered datagram by datagram: a sender that needs a
+    /// release sooner asks for it (below), and gaps are requested at once
+    /// whatever this is.
     pub release_delay: Duration,
+    /// A sender with unreleased datagrams and nothing more to send asks for a
+    /// release (a PROBE) this long after its RTO: a lost last datagram is
+    /// found as fast as when every receiver released within this delay.
+    pub tail_probe_delay: Duration,
     /// An idle sender probes the next engine this often, so both know the
     /// other is alive.
     pub keepalive: Duration,
@@ -170,7 +178,8 @@ impl Default for Config {
             min_rto: Duration::from_millis(5),
             max_rto: Duration::from_secs(1),
             release_every: 16,
-            release_delay: Duration::from_millis(10),
+            release_delay: Duration::from_millis(100),
+            tail_probe_delay: Duration::from_millis(10),
             keepalive: Duration::from_secs(1),
             dead_after: Duration::from_secs(5),
             linger: Duration::from_secs(10),

@@ -53,7 +53,16 @@ pub const SETS: [(&str, usize); 5] = [
     ("E", 1_000_000),
 ];
 
-pub const KINDS: [&str; 5] = ["load", "delay", "accumulation", "engines", "time"];
+/// Experiments; `throughput` (the target, not a paper figure) is not
+/// in the default `--kinds`.
+pub const KINDS: [&str; 6] = [
+    "load",
+    "delay",
+    "accumulation",
+    "engines",
+    "time",
+    "throughput",
+];
 
 /// The server on host B listens here (inside host B's namespace).
 const SERVER_PORT: u16 = 8080;
@@ -112,7 +121,9 @@ pub struct SdudpBenchArgs {
     /// One small cell of each experiment (5 switches, 1 % loss, 300 KB per run).
     #[arg(long)]
     pub quick: bool,
-    /// Experiments, comma-separated: load, delay, accumulation, engines, time.
+    /// Experiments, comma-separated: load, delay, accumulation, engines, time
+    /// (the paper's), throughput (one bulk connection through 5 switches at
+    /// 10 Mbit/s and without a rate limit, against TCP).
     #[arg(long, default_value = "load,delay,accumulation,engines,time")]
     pub kinds: String,
     /// Repetitions per cell (the paper: 10).
@@ -364,6 +375,20 @@ pub fn grid(a: &SdudpBenchArgs) -> Result<Vec<(Config, Vec<&'static str>)>> {
                     }
                 }
             }
+            "throughput" => {
+                // One connection of 1000 KB files through 5 switches with
+                // engines, at 10 Mbit/s per link and without a limit.
+                for &d in &delays {
+                    for &p in &losses {
+                        for rate in [10, 0] {
+                            for mut c in [Config::tcp(n5, d, p), Config::sdudp(n5, d, p)] {
+                                c.rate_mbit = rate;
+                                add(c, pick(&["E"]));
+                            }
+                        }
+                    }
+                }
+            }
             _ => unreachable!(),
         }
     }
@@ -477,6 +502,11 @@ struct Run {
     lost: u64,
     h2h_measured: f64,
     retransmitted: u64,
+    /// Frames B → A on the links (acknowledgements: SDUDP's FEEDBACK, TCP's ACKs).
+    reverse_frames: u64,
+    /// The engines' FEEDBACK and PROBE messages (their counters).
+    feedbacks: u64,
+    probes: u64,
 }
 
 fn run_once(
@@ -498,6 +528,10 @@ fn run_once(
         .map(|l| l.emulated.clone().context("a data link is not emulated"))
         .collect::<Result<_>>()?;
     let before: u64 = engine_retransmitted(lab);
+    let (feedbacks_before, probes_before) = (
+        engine_counter(lab, "feedbacks"),
+        engine_counter(lab, "probes"),
+    );
     for l in &links {
         l.control().reset_counters()?;
     }
@@ -515,8 +549,10 @@ fn run_once(
     // The last releases and acknowledgements settle before the counters are read.
     std::thread::sleep(Duration::from_millis(300));
     let (mut frames, mut bytes, mut lost, mut delivered) = (0, 0, 0, 1.0);
+    let mut reverse_frames = 0;
     for l in &links {
         let r = l.control().show()?.report(&Accounting::default());
+        reverse_frames += r.b_to_a.total.offered.frames;
         for d in [&r.a_to_b, &r.b_to_a] {
             frames += d.total.offered.frames;
             bytes += d.total.offered.bytes;
@@ -537,17 +573,26 @@ fn run_once(
         lost,
         h2h_measured: 1.0 - delivered,
         retransmitted: engine_retransmitted(lab).saturating_sub(before),
+        reverse_frames,
+        feedbacks: engine_counter(lab, "feedbacks").saturating_sub(feedbacks_before),
+        probes: engine_counter(lab, "probes").saturating_sub(probes_before),
     })
 }
 
-/// The engines' retransmissions so far (their stats files), summed.
-fn engine_retransmitted(lab: &LabState) -> u64 {
+/// One of the engines' counters (their stats files), summed; the stats are
+/// rewritten every second, so the last second's may be missing.
+fn engine_counter(lab: &LabState, name: &str) -> u64 {
     lab.engines
         .iter()
         .filter_map(|e| std::fs::read(&e.stats).ok())
         .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .filter_map(|v| v["engine"]["retransmitted"].as_u64())
+        .filter_map(|v| v["engine"][name].as_u64())
         .sum()
+}
+
+/// The engines' retransmissions so far (their stats files), summed.
+fn engine_retransmitted(lab: &LabState) -> u64 {
+    engine_counter(lab, "retransmitted")
 }
 
 /// Mean and 95 % confidence half-width (Student's t).
@@ -614,7 +659,7 @@ pub fn run(a: SdudpBenchArgs) -> Result<()> {
                         .with_context(|| format!("{} set {set} rep {rep}", c.key().join(" ")))?;
                     let links = lab.data_links.len().max(1) as f64;
                     println!(
-                        "   set {set} rep {rep}: {} × {} B exact={} {:.2} s, {:.0} frames and {} per switch, {} lost, {} retransmitted",
+                        "   set {set} rep {rep}: {} × {} B exact={} {:.2} s, {:.0} frames and {} per switch, {} lost, {} retransmitted; {:.0} frames B→A per switch, engines' feedbacks {} probes {}",
                         r.files,
                         r.file_bytes,
                         r.exact,
@@ -622,7 +667,10 @@ pub fn run(a: SdudpBenchArgs) -> Result<()> {
                         r.frames as f64 / links,
                         out::bytes(r.bytes as f64 / links),
                         r.lost,
-                        r.retransmitted
+                        r.retransmitted,
+                        r.reverse_frames as f64 / links,
+                        r.feedbacks,
+                        r.probes
                     );
                     let mut row = c.key();
                     row.extend([
@@ -939,6 +987,38 @@ pub fn summary(
     s += &md_table(
         &[
             "switches", "delay", "loss", "set", "SDUDP", "TCP", "ratio", "target",
+        ],
+        &rows,
+    );
+    // Throughput (`--kinds throughput`).
+    s += "\n## Throughput of one connection (set E)\n\nTarget: SDUDP through 5 switches with engines ≥ 90 % of a 10 Mbit/s link; without a rate limit, the highest rate reached (CPU-bound on this machine: direction only).\n\n";
+    let mut rows = Vec::new();
+    for r in cells.rows.iter().filter(|r| {
+        r[0] == "sdudp" && r[1] == "5" && r[5] == "all" && r[6] == "true" && r[7] == "E"
+    }) {
+        let mbit = |x: &Vec<String>| total as f64 * 8.0 / get(x, "seconds") / 1e6;
+        let t = find(&|x| same_line(r, "tcp", x));
+        rows.push(vec![
+            format!("{} ms", r[2]),
+            format!("{} %", r[3]),
+            rate(r),
+            format!("{:.2} Mbit/s", mbit(r)),
+            t.map_or("-".into(), |t| format!("{:.2} Mbit/s", mbit(t))),
+            if r[4] == "10" {
+                met(mbit(r) >= 9.0)
+            } else {
+                "-".into()
+            },
+        ]);
+    }
+    s += &md_table(
+        &[
+            "delay",
+            "loss",
+            "rate",
+            "SDUDP",
+            "TCP",
+            "≥ 90 % of 10 Mbit/s",
         ],
         &rows,
     );

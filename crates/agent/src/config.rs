@@ -353,10 +353,6 @@ pub struct ControllerConfig {
     /// `--max-handshakes`: QUIC handshakes under way at once; connection
     /// attempts beyond are refused (see [`crate::admission`]). 0: no limit.
     pub max_handshakes: usize,
-    /// Give the heap's free pages back to the kernel once a burst of
-    /// handshakes is over (see [`crate::memory`]); `--no-heap-trim` turns it
-    /// off.
-    pub heap_trim: bool,
     pub common: CommonConfig,
 }
 
@@ -430,7 +426,6 @@ mod tests {
             relaxed_flow_mods: false,
             session_store: None,
             max_handshakes: crate::admission::DEFAULT_MAX_HANDSHAKES,
-            heap_trim: true,
             common: common(&[
                 "openflow=tcp:127.0.0.1:6653",
                 "ovsdb=punix:/run/q/{switch}.sock",

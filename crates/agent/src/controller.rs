@@ -174,12 +174,6 @@ impl ControllerAgent {
             ),
             tokio::spawn(rotating),
         ];
-        if inner.config.heap_trim {
-            metrics_tasks.push(tokio::spawn(crate::memory::trim_after_handshakes(
-                inner.admission.clone(),
-                shutdown.clone(),
-            )));
-        }
         let mut metrics_addr = None;
         if let Some(addr) = inner.config.common.metrics {
             let health: crate::http::Health = {

@@ -14,7 +14,6 @@ pub mod control;
 pub mod controller;
 pub mod http;
 pub mod link;
-pub mod memory;
 pub mod metrics;
 pub mod services;
 pub mod session;

@@ -48,7 +48,6 @@ async fn pair(profile: Profile) -> (UdpControllerAgent, UdpSwitchAgent, TcpListe
         relaxed_flow_mods: false,
         session_store: None,
         max_handshakes: quicsdn_agent::admission::DEFAULT_MAX_HANDSHAKES,
-        heap_trim: true,
         common: common(&[format!("openflow=tcp:127.0.0.1:{port}")], profile),
     };
     let cagent = UdpControllerAgent::start(c, profile).await.unwrap();
@@ -160,7 +159,6 @@ async fn udp_needs_allow_unauthenticated() {
         relaxed_flow_mods: false,
         session_store: None,
         max_handshakes: quicsdn_agent::admission::DEFAULT_MAX_HANDSHAKES,
-        heap_trim: true,
         common: c,
     };
     let err = UdpControllerAgent::start(cfg, Profile::Seed)

@@ -521,10 +521,6 @@ pub struct ControllerArgs {
     /// pace the CPU allows instead of collapsing. 0: no limit. [default: 1024]
     #[arg(long, value_name = "N")]
     pub max_handshakes: Option<usize>,
-    /// Keep the heap's free pages after a burst of handshakes instead of giving
-    /// them back to the kernel (malloc_trim once the burst is over). See docs/scale.md, memory per switch connection.
-    #[arg(long)]
-    pub no_heap_trim: bool,
     /// Worker processes sharing the UDP port (SO_REUSEPORT), one per core to
     /// use: a supervisor opens the port and keeps one agent process per
     /// worker, steering every connection's packets to its worker by the
@@ -877,7 +873,6 @@ impl ControllerArgs {
                 .max_handshakes
                 .or(file.max_handshakes.take())
                 .unwrap_or(quicsdn_agent::admission::DEFAULT_MAX_HANDSHAKES),
-            heap_trim: !self.no_heap_trim,
             common: common(self.common, &mut file)?,
         })
     }

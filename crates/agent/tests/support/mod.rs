@@ -48,7 +48,6 @@ pub fn controller_config(pki: &Pki, services: &[String]) -> ControllerConfig {
         relaxed_flow_mods: false,
         session_store: None,
         max_handshakes: quicsdn_agent::admission::DEFAULT_MAX_HANDSHAKES,
-        heap_trim: true,
         common: common(pki.files("ctl"), services),
     }
 }

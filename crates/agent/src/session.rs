@@ -368,6 +368,17 @@ async fn aborted(rx: &mut watch::Receiver<Option<u32>>) -> u32 {
 }
 
 /// Runs `fut` unless an abort arrives first.
+/// `fut`'s output, or None if `due` comes first.
+async fn until<F: Future>(due: Option<tokio::time::Instant>, fut: F) -> Option<F::Output> {
+    match due {
+        None => Some(fut.await),
+        Some(due) => tokio::select! {
+            r = fut => Some(r),
+            () = tokio::time::sleep_until(due) => None,
+        },
+    }
+}
+
 async fn or_abort<T>(
     rx: &mut watch::Receiver<Option<u32>>,
     fut: impl Future<Output = T>,
@@ -791,25 +802,29 @@ impl OutPump {
             .as_ref()
             .and_then(|c| c.deadline())
             .map(tokio::time::Instant::from_std);
-        // Reading is cancel-safe (tokio's `read_buf`): a tick that wins loses no byte.
-        let until_due = |read| async move {
-            match due {
-                None => Some(read.await),
-                Some(due) => tokio::select! {
-                    r = read => Some(r),
-                    () = tokio::time::sleep_until(due) => None,
-                },
-            }
-        };
+        // Reading is cancel-safe (tokio's `read_buf`, `readable`): a tick that
+        // wins loses no byte.
         let n = if self.gate.is_none() {
+            // Wait for the local peer holding no buffer: most sessions are idle
+            // most of the time, and each would keep its read buffer otherwise.
+            match &mut self.coalescer {
+                Some(c) => c.release_idle_buf(),
+                None => self.outbound.release_idle_buf(),
+            }
+            match or_abort(&mut self.abort, until(due, rd.readable())).await {
+                Err(_) => return Err(End::Aborted),
+                Ok(None) => return Ok(None),
+                Ok(Some(Err(e))) => return Err(End::LocalIo(e)),
+                Ok(Some(Ok(()))) => {}
+            }
             let staging = match &mut self.coalescer {
                 Some(c) => c.read_buf(),
                 None => self.outbound.read_buf(),
             };
-            or_abort(&mut self.abort, until_due(rd.read_buf(staging))).await
+            or_abort(&mut self.abort, until(due, rd.read_buf(staging))).await
         } else {
             let mut buf = BytesMut::with_capacity(quicsdn_lanes::MIN_READ_CHUNK);
-            let r = or_abort(&mut self.abort, until_due(rd.read_buf(&mut buf))).await;
+            let r = or_abort(&mut self.abort, until(due, rd.read_buf(&mut buf))).await;
             self.ingest(&buf);
             r
         };

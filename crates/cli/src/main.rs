@@ -42,6 +42,9 @@ fn init_logging(level: &str, format: LogFormat) -> Result<()> {
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // The builder's own ceiling is INFO: without this, `debug` and
+        // `trace` directives in --log-level printed nothing.
+        .with_max_level(tracing::level_filters::LevelFilter::TRACE)
         .with_target(false);
     match format {
         LogFormat::Text => builder.finish().with(filter).try_init()?,

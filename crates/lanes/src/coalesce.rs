@@ -240,6 +240,14 @@ impl Coalescer {
         }
     }
 
+    /// Gives the read buffer back if it holds nothing (as
+    /// [`crate::Outbound::release_idle_buf`]): an idle session keeps none.
+    pub fn release_idle_buf(&mut self) {
+        if self.buf.is_empty() && self.scanned == 0 && self.release == 0 {
+            self.buf = BytesMut::new();
+        }
+    }
+
     /// The buffer to read local bytes into, with at least the current read
     /// size free ([`crate::MIN_READ_CHUNK`] to [`crate::READ_CHUNK`], as for
     /// [`crate::Outbound::read_buf`]: an idle session keeps 1 KiB, not 64);

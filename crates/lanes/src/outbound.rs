@@ -118,6 +118,15 @@ impl Outbound {
         self.lanes
     }
 
+    /// Gives the read buffer back if it holds nothing: called before waiting
+    /// for the local peer, so an idle session keeps no buffer (1 KiB or more
+    /// each, per session and direction); [`Outbound::read_buf`] makes a new one.
+    pub fn release_idle_buf(&mut self) {
+        if self.buf.is_empty() {
+            self.buf = BytesMut::new();
+        }
+    }
+
     /// The buffer to read local bytes into, with at least the current read
     /// size free ([`MIN_READ_CHUNK`] to [`READ_CHUNK`]). Only appending to it
     /// is allowed; say how much a read brought with [`Outbound::read_done`].

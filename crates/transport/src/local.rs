@@ -94,6 +94,18 @@ pub enum LocalWrite {
     Unix(unix::OwnedWriteHalf),
 }
 
+impl LocalRead {
+    /// Waits until a read would not block (bytes, end of stream or an error),
+    /// without a buffer: an idle session need not keep one while it waits.
+    /// Readiness may be spurious; the read after it then simply waits.
+    pub async fn readable(&self) -> io::Result<()> {
+        match &self.inner {
+            ReadHalf::Tcp(r) => r.readable().await,
+            ReadHalf::Unix(r) => r.readable().await,
+        }
+    }
+}
+
 impl AsyncRead for LocalRead {
     fn poll_read(
         self: Pin<&mut Self>,

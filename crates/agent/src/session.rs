@@ -367,7 +367,6 @@ async fn aborted(rx: &mut watch::Receiver<Option<u32>>) -> u32 {
     }
 }
 
-/// Runs `fut` unless an abort arrives first.
 /// `fut`'s output, or None if `due` comes first.
 async fn until<F: Future>(due: Option<tokio::time::Instant>, fut: F) -> Option<F::Output> {
     match due {
@@ -379,6 +378,7 @@ async fn until<F: Future>(due: Option<tokio::time::Instant>, fut: F) -> Option<F
     }
 }
 
+/// Runs `fut` unless an abort arrives first.
 async fn or_abort<T>(
     rx: &mut watch::Receiver<Option<u32>>,
     fut: impl Future<Output = T>,

@@ -204,9 +204,9 @@ pub fn requested_ack_delay(max_delay: Option<Duration>, rtt: Duration) -> Durati
 /// The connection ID length the agents issue by default: 4 bytes instead of
 /// quinn's 8, 4 bytes less in every packet either way. Still a non-zero
 /// length, so quinn routes by connection ID and not by address alone. The
-/// switch agent's own IDs are zero-length by default
-/// ([`QuicOptions::zero_length_cid`]); this is their length with
-/// `--zero-length-cid=false`. Enough for either side: the switch agent has a
+/// switch agent's own IDs have this length too, unless
+/// `--zero-length-cid` makes them zero-length ([`QuicOptions::zero_length_cid`],
+/// off by default). Enough for either side: the switch agent has a
 /// connection or two, with 8 IDs each; the controller agent's IDs have a 3-byte random part (16 M
 /// values; quinn draws again on a collision) and a 1-byte keyed check
 /// ([`KeyedConnectionIdGenerator`]).

@@ -238,14 +238,6 @@ impl ControllerAgent {
     /// per-switch sockets.
     pub async fn shutdown(self) {
         self.shutdown.trigger();
-        // New connection attempts from now on get no answer rather than
-        // CONNECTION_REFUSED (quinn refuses them once the endpoint is closed):
-        // a refused switch agent has spent a session ticket on nothing, and
-        // after a few restarts' worth it pays a full handshake. Unanswered, it
-        // sends the same Initial, with the same ticket, again after its
-        // probe timeout (about 1 s), and a successor listening by then
-        // resumes it in 0-RTT (issue 18: a restart storm of 10,000 switches).
-        self.inner.endpoint.set_server_config(None);
         self.inner.endpoint.close(
             VarInt::from_u32(code::SHUTDOWN),
             b"controller agent shutting down",

@@ -1317,6 +1317,7 @@ mod tests {
             duration: 0.0,
             refused: 0,
             admitted: 0,
+            waited: 0,
             zero_rtt_conns: 0,
             udp_drops: 0,
             ovs_attempts: 0,

@@ -14,10 +14,26 @@
 //! ([`Reconnect`]) instead of waiting out its ordinary backoff; the sessions it
 //! had started in 0-RTT start again on the next connection, so Open vSwitch
 //! notices nothing but the delay.
+//!
+//! Refusing is not free for the switch agent, though: each attempt spends one
+//! of its few session tickets (rustls takes a ticket out of its cache when it
+//! writes the ClientHello, whatever happens to it), so a switch refused four
+//! times in a row pays a full handshake — ~3× the CPU of a resumed one at the
+//! controller agent. In a 10,000-switch restart storm admission refused 5–7
+//! attempts per switch and fewer than half resumed (docs/results/storm-10000).
+//! So an attempt over the limit first **waits** ([`Waiting`]): its Initial is
+//! neither answered nor refused (quinn keeps the Incoming and buffers the
+//! client's retransmissions and 0-RTT packets for it), and it is admitted as
+//! soon as a handshake finishes. Returning switches go first: an attempt whose
+//! address a NEW_TOKEN token from an earlier connection validated (RFC 9000
+//! §8.1.3) is served before one without. Only an attempt that waited longer
+//! than the switch agent would (its handshake would be timing out), or one
+//! that finds the queue full, is refused.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Default `--max-handshakes`. Chosen with `quicsdn-lab bench storm`
 /// (docs/benchmarks.md, "bench storm"): a full handshake costs the controller
@@ -37,6 +53,10 @@ pub struct Admission {
     in_flight: AtomicUsize,
     admitted: AtomicU64,
     refused: AtomicU64,
+    waited: AtomicU64,
+    waiting: AtomicUsize,
+    /// Woken when a permit is dropped, so a waiting attempt is admitted at once.
+    freed: tokio::sync::Notify,
 }
 
 /// A handshake in progress; dropping it makes room for the next one.
@@ -46,6 +66,7 @@ pub struct Permit(Arc<Admission>);
 impl Drop for Permit {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.freed.notify_one();
     }
 }
 
@@ -60,6 +81,12 @@ pub struct AdmissionStats {
     pub admitted: u64,
     /// Connection attempts refused (CONNECTION_REFUSED) since the agent started.
     pub refused: u64,
+    /// Connection attempts that waited for a permit since the agent started.
+    #[serde(default)]
+    pub waited: u64,
+    /// Connection attempts waiting now.
+    #[serde(default)]
+    pub waiting: usize,
 }
 
 impl Admission {
@@ -70,10 +97,37 @@ impl Admission {
             in_flight: AtomicUsize::new(0),
             admitted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            waited: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
+            freed: tokio::sync::Notify::new(),
         })
     }
 
-    /// A permit for one more handshake, or `None` if `limit` are under way.
+    /// The limit (0: none).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Resolves when a permit has been dropped since the last call (or now).
+    pub async fn freed(&self) {
+        self.freed.notified().await
+    }
+
+    /// Counts one attempt refused (CONNECTION_REFUSED).
+    pub fn count_refusal(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one attempt put in the queue, and the queue's length now.
+    pub fn count_waiting(&self, queued: bool, waiting: usize) {
+        if queued {
+            self.waited.fetch_add(1, Ordering::Relaxed);
+        }
+        self.waiting.store(waiting, Ordering::Relaxed);
+    }
+
+    /// A permit for one more handshake, or `None` if `limit` are under way
+    /// (the caller queues or refuses the attempt, and counts that).
     pub fn try_admit(self: &Arc<Self>) -> Option<Permit> {
         let admitted = self
             .in_flight
@@ -85,7 +139,6 @@ impl Admission {
             self.admitted.fetch_add(1, Ordering::Relaxed);
             Some(Permit(self.clone()))
         } else {
-            self.refused.fetch_add(1, Ordering::Relaxed);
             None
         }
     }
@@ -96,6 +149,83 @@ impl Admission {
             in_flight: self.in_flight.load(Ordering::Acquire),
             admitted: self.admitted.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
+            waited: self.waited.load(Ordering::Relaxed),
+            waiting: self.waiting.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Attempts per handshake permit that may wait ([`Waiting::new`]): with the
+/// default 1,024 permits, 16,384 attempts, more than a 10,000-switch restart
+/// sends at once. Each holds its first datagrams (a few KiB) meanwhile.
+pub const WAITING_PER_PERMIT: usize = 16;
+
+/// Connection attempts waiting for a handshake permit, returning switches
+/// (address validated by a token) before others, each class first come first
+/// served. No I/O and no clock: the caller passes the time.
+#[derive(Debug)]
+pub struct Waiting<T> {
+    returning: VecDeque<(Instant, T)>,
+    new: VecDeque<(Instant, T)>,
+    capacity: usize,
+    max_wait: Duration,
+}
+
+impl<T> Waiting<T> {
+    /// At most `capacity` waiting; an attempt older than `max_wait` is no
+    /// longer worth a handshake (its switch agent is about to give up on it).
+    pub fn new(capacity: usize, max_wait: Duration) -> Waiting<T> {
+        Waiting {
+            returning: VecDeque::new(),
+            new: VecDeque::new(),
+            capacity,
+            max_wait,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.returning.len() + self.new.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Queues `item` (arrived at `now`); gives it back if the queue is full.
+    pub fn push(&mut self, item: T, returning: bool, now: Instant) -> Result<(), T> {
+        if self.len() >= self.capacity {
+            return Err(item);
+        }
+        let queue = if returning {
+            &mut self.returning
+        } else {
+            &mut self.new
+        };
+        queue.push_back((now, item));
+        Ok(())
+    }
+
+    /// The next attempt to admit: the oldest returning one, else the oldest
+    /// other. Attempts that waited too long are handed to `expired` first.
+    pub fn pop(&mut self, now: Instant, expired: impl FnMut(T)) -> Option<T> {
+        self.expire(now, expired);
+        self.returning
+            .pop_front()
+            .or_else(|| self.new.pop_front())
+            .map(|(_, item)| item)
+    }
+
+    /// Hands every attempt older than `max_wait` to `expired`.
+    pub fn expire(&mut self, now: Instant, mut expired: impl FnMut(T)) {
+        for queue in [&mut self.returning, &mut self.new] {
+            while queue
+                .front()
+                .is_some_and(|(at, _)| now.saturating_duration_since(*at) > self.max_wait)
+            {
+                if let Some((_, item)) = queue.pop_front() {
+                    expired(item);
+                }
+            }
         }
     }
 }
@@ -189,9 +319,11 @@ mod tests {
         let p2 = a.try_admit().unwrap();
         assert!(a.try_admit().is_none());
         assert!(a.try_admit().is_none());
+        a.count_refusal();
         drop(p1);
         let p3 = a.try_admit().unwrap();
         assert!(a.try_admit().is_none());
+        a.count_waiting(true, 1);
         drop((p2, p3));
         assert_eq!(
             a.stats(),
@@ -199,9 +331,68 @@ mod tests {
                 max_handshakes: 2,
                 in_flight: 0,
                 admitted: 3,
-                refused: 3
+                refused: 1,
+                waited: 1,
+                waiting: 1,
             }
         );
+    }
+
+    #[tokio::test]
+    async fn a_dropped_permit_wakes_the_waiting() {
+        let a = Admission::new(1);
+        let p = a.try_admit().unwrap();
+        let waiter = tokio::spawn({
+            let a = a.clone();
+            async move {
+                a.freed().await;
+                a.try_admit().is_some()
+            }
+        });
+        tokio::task::yield_now().await;
+        drop(p);
+        assert!(waiter.await.unwrap());
+    }
+
+    #[test]
+    fn returning_switches_wait_less_and_each_class_is_fifo() {
+        let t0 = Instant::now();
+        let mut w = Waiting::new(10, Duration::from_secs(4));
+        for (i, returning) in [(1, false), (2, true), (3, false), (4, true)] {
+            w.push(i, returning, t0).unwrap();
+        }
+        let mut order = Vec::new();
+        while let Some(i) = w.pop(t0, |_| panic!("none expired")) {
+            order.push(i);
+        }
+        assert_eq!(order, [2, 4, 1, 3]);
+    }
+
+    #[test]
+    fn a_full_queue_gives_the_attempt_back() {
+        let t0 = Instant::now();
+        let mut w = Waiting::new(2, Duration::from_secs(4));
+        w.push(1, false, t0).unwrap();
+        w.push(2, true, t0).unwrap();
+        assert_eq!(w.push(3, true, t0), Err(3));
+        assert_eq!(w.len(), 2);
+    }
+
+    #[test]
+    fn attempts_that_waited_too_long_are_expired_not_admitted() {
+        let t0 = Instant::now();
+        let mut w = Waiting::new(10, Duration::from_secs(4));
+        w.push(1, true, t0).unwrap();
+        w.push(2, false, t0).unwrap();
+        w.push(3, false, t0 + Duration::from_secs(3)).unwrap();
+        let mut expired = Vec::new();
+        let later = t0 + Duration::from_secs(5);
+        assert_eq!(w.pop(later, |i| expired.push(i)), Some(3));
+        assert_eq!(expired, [1, 2]);
+        assert!(w.is_empty());
+        // Exactly max_wait old is still served.
+        w.push(4, false, t0).unwrap();
+        assert_eq!(w.pop(t0 + Duration::from_secs(4), |_| panic!()), Some(4));
     }
 
     #[test]
@@ -226,6 +417,8 @@ mod tests {
                         if let Some(p) = a.try_admit() {
                             peak.fetch_max(a.stats().in_flight, Ordering::Relaxed);
                             drop(p);
+                        } else {
+                            a.count_refusal();
                         }
                     }
                 });

@@ -11,7 +11,7 @@
 //! connection timed out (after a restart or a path change), the new connection
 //! replaces the old one, which is closed with `SUPERSEDED`.
 
-use crate::admission::{Admission, Permit};
+use crate::admission::{Admission, Permit, WAITING_PER_PERMIT, Waiting};
 use crate::config::{ConfigError, ControllerConfig};
 use crate::link::{Link, Scheduling};
 use crate::metrics::{Metrics, RefusalReason};
@@ -29,7 +29,7 @@ use quinn::{Endpoint, VarInt};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{info, warn};
@@ -363,34 +363,71 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
     let mut handlers = JoinSet::new();
     let mut report = tokio::time::interval(Duration::from_secs(1));
     let mut reported = inner.admission.stats();
+    let limit = inner.admission.limit();
+    // Attempts over --max-handshakes wait (crate::admission::Waiting) rather
+    // than being refused at once; one that waited longer than two thirds of
+    // the idle timeout (the switch agent's handshake gives up at the idle
+    // timeout) is refused so the switch tries again.
+    let max_wait = inner.config.common.quic.idle_timeout * 2 / 3;
+    let mut waiting = Waiting::new(limit.saturating_mul(WAITING_PER_PERMIT), max_wait);
+    let refuse = |incoming: quinn::Incoming| {
+        inner.admission.count_refusal();
+        inner.metrics.refused(RefusalReason::admission);
+        incoming.refuse();
+    };
     loop {
         tokio::select! {
             incoming = inner.endpoint.accept() => match incoming {
                 // Handshake admission control (crate::admission): over the
-                // limit, refuse at once (RFC 9000 §20.1 CONNECTION_REFUSED)
-                // rather than let every handshake slow all the others down.
+                // limit, wait for a permit, returning switches first; refuse
+                // (RFC 9000 §20.1 CONNECTION_REFUSED) only when the queue is
+                // full, rather than let every handshake slow all the others down.
                 Some(incoming) => match inner.admission.try_admit() {
-                    Some(permit) => {
+                    Some(permit) if waiting.is_empty() => {
                         handlers.spawn(handle_connection(inner.clone(), incoming, permit));
                     }
-                    None => {
-                        inner.metrics.refused(RefusalReason::admission);
-                        incoming.refuse();
+                    permit => {
+                        drop(permit);
+                        let returning = incoming.remote_address_validated();
+                        let queued = match waiting.push(incoming, returning, Instant::now()) {
+                            Ok(()) => true,
+                            Err(incoming) => {
+                                refuse(incoming);
+                                false
+                            }
+                        };
+                        inner.admission.count_waiting(queued, waiting.len());
                     }
                 },
                 None => break,
             },
+            _ = inner.admission.freed(), if !waiting.is_empty() => {
+                while !waiting.is_empty() {
+                    let Some(permit) = inner.admission.try_admit() else { break };
+                    match waiting.pop(Instant::now(), refuse) {
+                        Some(incoming) => {
+                            handlers.spawn(handle_connection(inner.clone(), incoming, permit));
+                        }
+                        None => break,
+                    }
+                }
+                inner.admission.count_waiting(false, waiting.len());
+            }
             Some(_) = handlers.join_next(), if !handlers.is_empty() => {}
             _ = report.tick() => {
-                // One line per second at most, not one per refusal.
+                waiting.expire(Instant::now(), refuse);
+                inner.admission.count_waiting(false, waiting.len());
+                // One line per second at most, not one per attempt.
                 let now = inner.admission.stats();
-                if now.refused > reported.refused {
+                if now.refused > reported.refused || now.waited > reported.waited {
                     info!(
                         refused = now.refused - reported.refused,
+                        waited = now.waited - reported.waited,
+                        waiting = now.waiting,
                         admitted = now.admitted - reported.admitted,
                         in_flight = now.in_flight,
                         max_handshakes = now.max_handshakes,
-                        "admission control refused connection attempts over --max-handshakes; those switch agents retry shortly"
+                        "admission control: connection attempts over --max-handshakes wait (returning switches first); those refused retry shortly"
                     );
                 }
                 reported = now;
@@ -398,6 +435,9 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
             _ = shutdown.wait() => break,
         }
     }
+    // Waiting attempts are refused as the queue drops (quinn refuses a
+    // dropped Incoming), so their switch agents retry elsewhere or later.
+    drop(waiting);
     handlers.shutdown().await;
 }
 

@@ -334,6 +334,52 @@ pub fn udp_socket_with(addr: SocketAddr, reuse_port: bool) -> io::Result<std::ne
     Ok(socket.into())
 }
 
+/// The controller agent's UDP receive buffer. After a controller-agent
+/// restart every switch agent sends its Initial (1,200 bytes or more, RFC 9000
+/// §14.1) and 0-RTT packets at once; the kernel charges each about 2.3 KiB
+/// (the datagram and its buffer head), so net.core.rmem_max's 4 MiB here (8 MiB
+/// as the kernel doubles it) held ~3,500 of them and 10,000 switches lost
+/// 280,000–570,000 datagrams per restart (docs/results/storm-10000). 64 MiB
+/// holds ~28,000. The memory is taken only while datagrams wait.
+pub const SERVER_UDP_RECV_BUFFER: usize = 64 << 20;
+
+/// Raises `socket`'s receive buffer to `bytes`: `SO_RCVBUFFORCE`, which
+/// ignores net.core.rmem_max, when the process may (root or CAP_NET_ADMIN),
+/// else `SO_RCVBUF`, which the kernel caps at net.core.rmem_max. Returns what
+/// the kernel granted (it reports twice the request: its bookkeeping) and
+/// logs once when that is less than asked, naming the sysctl to raise.
+pub fn grow_recv_buffer(socket: &std::net::UdpSocket, bytes: usize) -> usize {
+    use std::os::fd::AsRawFd;
+    let fd = socket.as_raw_fd();
+    let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `fd` is an open socket for the call; the option value is a
+    // c_int of the size passed.
+    let forced = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    } == 0;
+    let sock = socket2::SockRef::from(socket);
+    if !forced {
+        let _ = sock.set_recv_buffer_size(bytes);
+    }
+    let granted = sock.recv_buffer_size().unwrap_or(0);
+    if granted < bytes {
+        tracing::warn!(
+            asked = bytes,
+            granted,
+            "UDP receive buffer smaller than asked (no CAP_NET_ADMIN for SO_RCVBUFFORCE, and \
+             net.core.rmem_max caps SO_RCVBUF): a restart storm of thousands of switches may \
+             overflow it; raise net.core.rmem_max (sysctl -w net.core.rmem_max={bytes})"
+        );
+    }
+    granted
+}
+
 fn runtime() -> io::Result<Arc<dyn quinn::Runtime>> {
     quinn::default_runtime().ok_or_else(|| io::Error::other("no async runtime (quinn needs tokio)"))
 }
@@ -448,6 +494,7 @@ pub fn server_endpoint_on(
     sessions: Arc<SessionStore>,
 ) -> Result<(Endpoint, quinn::ServerConfig), EndpointError> {
     let listen = socket.local_addr()?;
+    grow_recv_buffer(&socket, SERVER_UDP_RECV_BUFFER);
     let server = server_config(creds, opts, sessions)?;
     let keys = RestartStableKeys::new(creds, listen);
     let mut config = EndpointConfig::new(keys.stateless_reset());
@@ -746,6 +793,21 @@ mod tests {
         }
         let (cert, key) = issue(dir, name, &[], Validity::days(1)).unwrap();
         Credentials::load(&TlsFiles { ca, cert, key }).unwrap()
+    }
+
+    #[test]
+    fn the_receive_buffer_grows_past_rmem_max_as_root() {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let before = socket2::SockRef::from(&socket).recv_buffer_size().unwrap();
+        let asked = 16 << 20;
+        let granted = grow_recv_buffer(&socket, asked);
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            // SO_RCVBUFFORCE ignores net.core.rmem_max (4 MiB or less on common systems).
+            assert!(granted >= asked, "root was granted {granted} of {asked}");
+        } else {
+            assert!(granted >= before, "shrank from {before} to {granted}");
+        }
     }
 
     /// What a reset key makes of a connection ID: its stateless-reset token.

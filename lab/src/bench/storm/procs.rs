@@ -106,6 +106,75 @@ pub fn raise_fd_limit(want: u64) -> u64 {
     l.rlim_cur
 }
 
+/// The processes the bench started (controller agents, the switch-agent
+/// process, shard processes), stopped by [`teardown_on_signal`]'s thread.
+static STARTED: std::sync::Mutex<Vec<crate::process::ProcRecord>> =
+    std::sync::Mutex::new(Vec::new());
+/// The work directory to remove then (none when it is kept).
+static WORK_DIR: std::sync::Mutex<Option<std::path::PathBuf>> = std::sync::Mutex::new(None);
+
+/// Removes `dir` too if the bench is interrupted.
+pub fn remove_on_signal(dir: &std::path::Path) {
+    *WORK_DIR.lock().unwrap_or_else(|e| e.into_inner()) = Some(dir.to_path_buf());
+}
+
+/// Records a process the bench started, to stop it if the bench is
+/// interrupted. A record of a process that has exited since matches nothing
+/// (`ProcRecord` checks its start time), so none is ever removed.
+pub fn track(proc: &crate::process::ProcRecord) {
+    STARTED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(proc.clone());
+}
+
+/// On SIGINT or SIGTERM, stops every process [`track`]ed (SIGTERM, SIGKILL
+/// after 5 s) and exits with 128 + the signal, instead of leaving the
+/// controller agent (its own process group, so a Ctrl-C does not reach it) and
+/// the shard processes running. Must be called before any other thread starts:
+/// it blocks the signals for the calling thread, whose mask later threads
+/// inherit, and one thread takes them with sigwait. Children get an empty mask
+/// (std's `Command` resets it), so they still see SIGTERM.
+pub fn teardown_on_signal() -> std::io::Result<()> {
+    static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if INSTALLED.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return Ok(());
+    }
+    // SAFETY: sigset manipulation on a local set; pthread_sigmask on the
+    // calling thread.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        set
+    };
+    std::thread::Builder::new()
+        .name("storm-signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: `set` is a valid sigset; sigwait writes one c_int.
+            while unsafe { libc::sigwait(&set, &mut sig) } != 0 {}
+            eprintln!("storm: signal {sig}: stopping the processes the bench started");
+            let started = STARTED.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            for p in started.iter().rev() {
+                if p.is_alive() {
+                    eprintln!("storm: stopping {} (pid {})", p.name, p.pid);
+                    let _ = p.terminate(std::time::Duration::from_secs(5));
+                }
+            }
+            if let Some(dir) = WORK_DIR.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            std::process::exit(128 + sig);
+        })?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

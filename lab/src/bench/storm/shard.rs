@@ -122,6 +122,9 @@ impl Shard {
             .spawn()
             .with_context(|| format!("starting {} bench storm --shard", lab.display()))?;
         let pid = child.id();
+        if let Ok(rec) = crate::process::ProcRecord::capture("bench storm shard", pid) {
+            super::procs::track(&rec);
+        }
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("piped");
         let attempts = Arc::new(AtomicU64::new(0));

@@ -404,7 +404,7 @@ pub fn run(args: StormArgs) -> Result<()> {
         // The last switch runs as its own `quicsdn switch` process.
         (n - 1).div_ceil(per_shard) as usize
     };
-    // Before the runtimes start their threads (they inherit the signal mask).
+    // Stops what the bench started if the bench itself is interrupted.
     procs::teardown_on_signal().context("installing the SIGINT/SIGTERM handler")?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;

@@ -131,34 +131,36 @@ pub fn track(proc: &crate::process::ProcRecord) {
 /// On SIGINT or SIGTERM, stops every process [`track`]ed (SIGTERM, SIGKILL
 /// after 5 s) and exits with 128 + the signal, instead of leaving the
 /// controller agent (its own process group, so a Ctrl-C does not reach it) and
-/// the shard processes running. Must be called before any other thread starts:
-/// it blocks the signals for the calling thread, whose mask later threads
-/// inherit, and one thread takes them with sigwait. Children get an empty mask
-/// (std's `Command` resets it), so they still see SIGTERM.
+/// the shard processes running. It installs signal *handlers* (tokio's), not
+/// a blocked signal mask: a mask is inherited through fork and exec, so the
+/// agents the bench starts would never see the SIGTERM the bench sends them
+/// (they did, for a while: every "stop term" restart then waited out the
+/// bench's 10 s grace and ended in SIGKILL). Handlers are reset by exec.
 pub fn teardown_on_signal() -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
     static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if INSTALLED.swap(true, std::sync::atomic::Ordering::AcqRel) {
         return Ok(());
     }
-    // SAFETY: sigset manipulation on a local set; pthread_sigmask on the
-    // calling thread.
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        if rc != 0 {
-            return Err(std::io::Error::from_raw_os_error(rc));
-        }
-        set
-    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()?;
+    // Registered here, before returning, so no signal is missed in between.
+    let (mut int, mut term) = rt.block_on(async {
+        Ok::<_, std::io::Error>((
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+        ))
+    })?;
     std::thread::Builder::new()
         .name("storm-signals".into())
         .spawn(move || {
-            let mut sig: libc::c_int = 0;
-            // SAFETY: `set` is a valid sigset; sigwait writes one c_int.
-            while unsafe { libc::sigwait(&set, &mut sig) } != 0 {}
+            let sig = rt.block_on(async {
+                tokio::select! {
+                    _ = int.recv() => libc::SIGINT,
+                    _ = term.recv() => libc::SIGTERM,
+                }
+            });
             eprintln!("storm: signal {sig}: stopping the processes the bench started");
             let started = STARTED.lock().unwrap_or_else(|e| e.into_inner()).clone();
             for p in started.iter().rev() {

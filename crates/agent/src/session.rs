@@ -805,17 +805,28 @@ impl OutPump {
         // Reading is cancel-safe (tokio's `read_buf`, `readable`): a tick that
         // wins loses no byte.
         let n = if self.gate.is_none() {
-            // Wait for the local peer holding no buffer: most sessions are idle
-            // most of the time, and each would keep its read buffer otherwise.
-            match &mut self.coalescer {
-                Some(c) => c.release_idle_buf(),
-                None => self.outbound.release_idle_buf(),
-            }
-            match or_abort(&mut self.abort, until(due, rd.readable())).await {
-                Err(_) => return Err(End::Aborted),
-                Ok(None) => return Ok(None),
-                Ok(Some(Err(e))) => return Err(End::LocalIo(e)),
-                Ok(Some(Ok(()))) => {}
+            {
+                let mut ready = std::pin::pin!(rd.readable());
+                let now = std::future::poll_fn(|cx| Poll::Ready(ready.as_mut().poll(cx))).await;
+                match now {
+                    Poll::Ready(r) => r.map_err(End::LocalIo)?,
+                    // Wait for the local peer holding no buffer: most sessions
+                    // are idle most of the time, and each would keep its read
+                    // buffer otherwise. Only when it has nothing to read now,
+                    // so a busy session does not free and remake it per read.
+                    Poll::Pending => {
+                        match &mut self.coalescer {
+                            Some(c) => c.release_idle_buf(),
+                            None => self.outbound.release_idle_buf(),
+                        }
+                        match or_abort(&mut self.abort, until(due, ready.as_mut())).await {
+                            Err(_) => return Err(End::Aborted),
+                            Ok(None) => return Ok(None),
+                            Ok(Some(Err(e))) => return Err(End::LocalIo(e)),
+                            Ok(Some(Ok(()))) => {}
+                        }
+                    }
+                }
             }
             let staging = match &mut self.coalescer {
                 Some(c) => c.read_buf(),

@@ -255,9 +255,12 @@ pub struct PairSpec {
     pub dir: PathBuf,
 }
 
-/// A running pair. Fields drop in order: processes, link, namespaces.
+/// A running pair. Fields drop in order: processes, link, namespaces; then
+/// its scratch directory goes (it holds private keys; a failure has already
+/// quoted the logs it needed in its error).
 pub struct Pair {
     procs: Vec<ChildGuard>,
+    dir: PathBuf,
     link: Option<LinkRecord>,
     pub ctl: NetnsGuard,
     pub sw: NetnsGuard,
@@ -274,6 +277,7 @@ impl Drop for Pair {
         {
             eprintln!("cleanup: {e:#}");
         }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -305,6 +309,7 @@ impl Pair {
         let ctl = NetnsGuard::create(&format!("{}-c", spec.prefix))?;
         let mut pair = Pair {
             procs: Vec::new(),
+            dir: spec.dir.clone(),
             link: None,
             ctl,
             sw,

@@ -263,14 +263,7 @@ impl ControllerAgent {
             .flat_map(|(_, e)| e.listeners)
             .collect();
         let sockets = listeners.len();
-        // All aborted before any is awaited: awaiting each in turn would cost
-        // a scheduler round per socket (thousands of switches).
-        for l in &listeners {
-            l.abort();
-        }
-        for l in listeners {
-            let _ = l.await;
-        }
+        stop_listeners(listeners).await;
         let stopped = started.elapsed();
         // The CONNECTION_CLOSE frames leave at once; this only keeps the
         // connections in their closing state a little (RFC 9000 §10.2.1: a
@@ -679,8 +672,12 @@ async fn unregister(inner: &Arc<Inner>, switch: &Arc<str>, link: &Arc<Link>) {
 }
 
 async fn stop_listeners(listeners: Vec<JoinHandle<()>>) {
-    for l in listeners {
+    // All aborted before any is awaited: awaiting each in turn would cost a
+    // scheduler round per socket (at shutdown, one per switch).
+    for l in &listeners {
         l.abort();
+    }
+    for l in listeners {
         let _ = l.await;
     }
 }

@@ -44,29 +44,32 @@ impl Csv {
     }
 
     /// Reads a CSV written by [`Csv::write`], checking its header against `header`.
+    /// Benches only ever append columns, so a file from an older run whose
+    /// header is a leading part of `header` is read too, its rows padded with
+    /// empty cells (committed results stay readable after a bench gains a column).
     pub fn read(path: &Path, header: &'static [&'static str]) -> Result<Csv> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        Csv::parse(&text, header).with_context(|| path.display().to_string())
+    }
+
+    fn parse(text: &str, header: &'static [&'static str]) -> Result<Csv> {
         let mut lines = text.lines();
-        let got = lines.next().unwrap_or_default();
-        if got != header.join(",") {
+        let got: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+        if got.len() > header.len() || got[..] != header[..got.len()] {
             bail!(
-                "{}: header {got:?} is not {:?}",
-                path.display(),
+                "header {:?} is not {:?} or a leading part of it",
+                got.join(","),
                 header.join(",")
             );
         }
         let mut csv = Csv::new(header);
         for (i, l) in lines.enumerate() {
-            let row: Vec<String> = l.split(',').map(str::to_string).collect();
-            if row.len() != header.len() {
-                bail!(
-                    "{}: row {} has {} columns",
-                    path.display(),
-                    i + 2,
-                    row.len()
-                );
+            let mut row: Vec<String> = l.split(',').map(str::to_string).collect();
+            if row.len() != got.len() {
+                bail!("row {} has {} columns, not {}", i + 2, row.len(), got.len());
             }
+            row.resize(header.len(), String::new());
             csv.rows.push(row);
         }
         Ok(csv)
@@ -212,6 +215,18 @@ mod tests {
         assert!(Csv::read(&p, &["a", "c"]).is_err());
         std::fs::write(&p, "a,b\n1,2,3\n").unwrap();
         assert!(Csv::read(&p, &["a", "b"]).is_err());
+        // An older run, before column c was added: read, padded.
+        std::fs::write(&p, "a,b\n1,2\n").unwrap();
+        let r = Csv::read(&p, &["a", "b", "c"]).unwrap();
+        assert_eq!(
+            r.rows,
+            vec![vec!["1".to_string(), "2".into(), String::new()]]
+        );
+        // Not a leading part: a renamed column, or one more than expected.
+        assert!(Csv::read(&p, &["a", "x", "c"]).is_err());
+        assert!(Csv::read(&p, &["a"]).is_err());
+        std::fs::write(&p, "a,b\n1\n").unwrap();
+        assert!(Csv::read(&p, &["a", "b", "c"]).is_err());
         assert_eq!(pct_change(18.0, 100.0), "-82.0%");
         assert!(md_table(&["x"], &[vec!["1".into()]]).contains("| 1 |"));
     }

@@ -249,6 +249,7 @@ fn hol_quick_measures_every_cell_with_real_ovs() {
         out: dir.path().to_path_buf(),
         quick: true,
         agent_args: Vec::new(),
+        old_defaults: false,
         prefix: "qsdnB7".into(),
         no_plots: false,
     })

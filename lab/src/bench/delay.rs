@@ -38,7 +38,7 @@ pub struct DelayArgs {
     /// CI size: ⟨400,600⟩ only, RTT 0, 1 % loss, 3 repetitions.
     #[arg(long)]
     pub quick: bool,
-    /// Comma-separated: tcp,tls,quic,quic-rr16,quic-tuned,kcptun.
+    /// Comma-separated: tcp,tls,quic,quic-rr16,quic-tuned,quic-old,kcptun,udp-seed,udp-robust (`quic-old`: the defaults before issue 13, for comparisons in one run).
     #[arg(
         long,
         default_value = "tcp,tls,quic,quic-rr16,quic-tuned,kcptun,udp-seed,udp-robust"
@@ -161,10 +161,11 @@ pub fn run(args: DelayArgs) -> Result<()> {
                     }
                     delays.sort_by(f64::total_cmp);
                     println!(
-                        "<{a},{b}> RTT {rtt} ms, {loss}% loss, {t:<10}: {} messages, median {:.2} ms, p90 {:.2} ms ({:.1} s)",
+                        "<{a},{b}> RTT {rtt} ms, {loss}% loss, {t:<10}: {} messages, median {:.2} ms, p90 {:.2} ms, p99 {:.2} ms ({:.1} s)",
                         delays.len(),
                         quantile(&delays, 0.5),
                         quantile(&delays, 0.9),
+                        quantile(&delays, 0.99),
                         t0.elapsed().as_secs_f64()
                     );
                 }
@@ -233,7 +234,7 @@ fn summary(csv: &Csv, args: &DelayArgs, reps: u64, took: Duration, plots: &[Path
     let mut header = vec!["sizes", "RTT", "loss"];
     let names: Vec<String> = transports
         .iter()
-        .map(|t| format!("{t} median / p90 ms (mean vs tcp)"))
+        .map(|t| format!("{t} median / p90 / p99 ms (mean vs tcp)"))
         .collect();
     header.extend(names.iter().map(String::as_str));
     header.push("paper's best");
@@ -259,7 +260,12 @@ fn summary(csv: &Csv, args: &DelayArgs, reps: u64, took: Duration, plots: &[Path
                         Some(b) if t != "tcp" => format!(" ({})", out::pct_change(mean(v), b)),
                         _ => String::new(),
                     };
-                    format!("{:.2} / {:.2}{vs}", quantile(v, 0.5), quantile(v, 0.9))
+                    format!(
+                        "{:.2} / {:.2} / {:.2}{vs}",
+                        quantile(v, 0.5),
+                        quantile(v, 0.9),
+                        quantile(v, 0.99)
+                    )
                 }
                 None => "-".into(),
             });

@@ -28,6 +28,7 @@ use quicsdn_wire::openflow::build::{self, Action, CONTROLLER, FlowMod, Oxm, msg_
 use quicsdn_wire::openflow::{HEADER_LEN, fields};
 
 use crate::bench::out::{self, Csv};
+use crate::bench::pair::OLD_DEFAULT_ARGS;
 use crate::control_link::Impairment;
 use crate::emulator::sys::{in_netns, monotonic_ns};
 use crate::openflow_peer::Controller;
@@ -44,6 +45,11 @@ pub struct HolArgs {
     /// Extra options for both agents (repeatable), e.g. `--agent-arg=--stream-window=256k`.
     #[arg(long = "agent-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub agent_args: Vec<String>,
+    /// Also measure `safe` with the agents' defaults before issue 13
+    /// (`quic-old` of the other benches), in the same run, after the others
+    /// in each cell.
+    #[arg(long)]
+    pub old_defaults: bool,
     /// Name prefix of the bench's namespaces (at most 12 characters).
     #[arg(long, default_value = "qsdnhol")]
     pub prefix: String,
@@ -64,28 +70,49 @@ enum Transport {
     Tcp,
     Ordered,
     Safe,
+    /// `safe` with the defaults before issue 13 ([`OLD_DEFAULT_ARGS`]).
+    SafeOld,
 }
 
 impl Transport {
-    const ALL: [Transport; 3] = [Transport::Tcp, Transport::Ordered, Transport::Safe];
+    fn measured(old_defaults: bool) -> Vec<Transport> {
+        let mut v = vec![Transport::Tcp, Transport::Ordered, Transport::Safe];
+        if old_defaults {
+            v.push(Transport::SafeOld);
+        }
+        v
+    }
 
     fn name(self) -> &'static str {
         match self {
             Transport::Tcp => "tcp",
             Transport::Ordered => "quic ordered",
             Transport::Safe => "quic (default: safe)",
+            Transport::SafeOld => "quic (safe, old defaults)",
         }
     }
 
     fn via(self, extra: &[String]) -> Via {
-        let streams = |m: &str| Via::Agents {
-            switch_args: [vec![format!("--streams={m}")], extra.to_vec()].concat(),
-            controller_args: extra.to_vec(),
+        let agents = |m: &str, setting: &[&str]| {
+            // The bench's --agent-arg come last, so they win.
+            let both: Vec<String> = setting
+                .iter()
+                .map(|a| a.to_string())
+                .chain(extra.iter().cloned())
+                .collect();
+            Via::Agents {
+                switch_args: [vec![format!("--streams={m}")], both.clone()].concat(),
+                controller_args: both
+                    .into_iter()
+                    .filter(|a| !crate::agents::is_switch_only(a))
+                    .collect(),
+            }
         };
         match self {
             Transport::Tcp => Via::Tcp,
-            Transport::Ordered => streams("ordered"),
-            Transport::Safe => streams("safe"),
+            Transport::Ordered => agents("ordered", &[]),
+            Transport::Safe => agents("safe", &[]),
+            Transport::SafeOld => agents("safe", &OLD_DEFAULT_ARGS),
         }
     }
 }
@@ -307,7 +334,7 @@ pub fn run(args: HolArgs) -> Result<()> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let mut cells = Vec::new();
-    for t in Transport::ALL {
+    for t in Transport::measured(args.old_defaults) {
         println!(
             "echo during a flow-stats storm ({flows} flows), 2% loss: {}",
             t.name()
@@ -321,7 +348,7 @@ pub fn run(args: HolArgs) -> Result<()> {
         });
     }
     for loss in [1.0, 5.0] {
-        for t in Transport::ALL {
+        for t in Transport::measured(args.old_defaults) {
             println!("packet-in delay, 100 ms RTT, {loss}% loss: {}", t.name());
             cells.push(Cell {
                 bench: "packet-in",
@@ -355,6 +382,18 @@ pub fn run(args: HolArgs) -> Result<()> {
          alone.\n\n",
     );
     md += &out::provenance();
+    if args.old_defaults {
+        md += &format!(
+            "- *quic (safe, old defaults)*: the agents with the defaults before issue 13 (`{}`), measured in the same run\n",
+            OLD_DEFAULT_ARGS.join(" ")
+        );
+    }
+    if !args.agent_args.is_empty() {
+        md += &format!(
+            "- extra options of both agents: `{}`\n",
+            args.agent_args.join(" ")
+        );
+    }
     md.push('\n');
     let mut rows = Vec::new();
     println!();

@@ -56,7 +56,7 @@ pub struct OverheadArgs {
     /// CI size: rates 10 and 1000, 1 % loss, short RTT, few messages.
     #[arg(long)]
     pub quick: bool,
-    /// Comma-separated: tcp,tls,quic,quic-rr16,quic-tuned,kcptun.
+    /// Comma-separated: tcp,tls,quic,quic-rr16,quic-tuned,quic-old,kcptun,udp-seed,udp-robust (`quic-old`: the defaults before issue 13, for comparisons in one run).
     #[arg(
         long,
         default_value = "tcp,tls,quic,quic-rr16,quic-tuned,kcptun,udp-seed,udp-robust"
@@ -210,7 +210,10 @@ fn model_overhead(
             let theirs = model::predict_tcp(&h, &agents(other), 0.0);
             Some(mine.transmission as f64 + theirs.ack_bytes)
         }
-        BenchTransport::Quic | BenchTransport::QuicRr16 | BenchTransport::QuicTuned => {
+        BenchTransport::Quic
+        | BenchTransport::QuicRr16
+        | BenchTransport::QuicTuned
+        | BenchTransport::QuicOld => {
             let mine = model::predict_quic(&h, &agents(d), t_b);
             let theirs = model::predict_quic(&h, &agents(other), t_b);
             Some(mine.transmission as f64 + theirs.ack_bytes)
@@ -345,7 +348,12 @@ pub fn run(args: OverheadArgs) -> Result<()> {
                         &sched,
                         &r,
                         if t.is_quic() {
-                            coalesce_window(&args.agent_args)
+                            coalesce_window(
+                                &t.agent_args()
+                                    .into_iter()
+                                    .chain(args.agent_args.iter().cloned())
+                                    .collect::<Vec<_>>(),
+                            )
                         } else {
                             0.0
                         },

@@ -12,7 +12,7 @@
 //! |---|---|---|---|
 //! | `tcp` | `10.254.1.1:PORT` | one TCP connection per service | `0.0.0.0:PORT` |
 //! | `tls` | `10.254.1.1:PORT` | one TLS 1.3 connection per service, mutual auth (rustls, the lab's CA) | `0.0.0.0:PORT` |
-//! | `quic`, `quic-rr16`, `quic-tuned` | `127.0.0.1:PORT` | the real `quicsdn switch` (`ptcp:` services) → one QUIC connection → `quicsdn controller` (`quic-tuned`: with [`TUNED_ARGS`]) | `127.0.0.1:PORT` |
+//! | `quic`, `quic-rr16`, `quic-tuned`, `quic-old` | `127.0.0.1:PORT` | the real `quicsdn switch` (`ptcp:` services) → one QUIC connection → `quicsdn controller` (`quic-tuned`: with [`TUNED_ARGS`]; `quic-old`: with [`OLD_DEFAULT_ARGS`]) | `127.0.0.1:PORT` |
 //! | `udp-seed`, `udp-robust` | `127.0.0.1:PORT` | the same agents with `--transport udp --udp-profile seed\|robust --allow-unauthenticated`: plain UDP with an application-level reliability layer, unauthenticated | `127.0.0.1:PORT` |
 //! | `kcptun` | `127.0.0.1:PORT` | `kcptun-client` → KCP over UDP → `kcptun-server`, one tunnel per service (a kcptun server forwards to one target) | `127.0.0.1:PORT` |
 //!
@@ -47,6 +47,10 @@ pub enum BenchTransport {
     QuicRr16,
     /// quicsdn, default stream mode, with the overhead tuning of [`TUNED_ARGS`].
     QuicTuned,
+    /// quicsdn, default stream mode, with the defaults before issue 13
+    /// ([`OLD_DEFAULT_ARGS`]): what the new defaults are compared against in
+    /// the same run. In no bench's default list.
+    QuicOld,
     Kcptun,
     /// quicsdn agents over plain UDP, the paper's reliability mechanism.
     UdpSeed,
@@ -72,12 +76,13 @@ pub const OLD_DEFAULT_ARGS: [&str; 5] = [
 ];
 
 impl BenchTransport {
-    pub const ALL: [BenchTransport; 8] = [
+    pub const ALL: [BenchTransport; 9] = [
         BenchTransport::Tcp,
         BenchTransport::Tls,
         BenchTransport::Quic,
         BenchTransport::QuicRr16,
         BenchTransport::QuicTuned,
+        BenchTransport::QuicOld,
         BenchTransport::Kcptun,
         BenchTransport::UdpSeed,
         BenchTransport::UdpRobust,
@@ -90,6 +95,7 @@ impl BenchTransport {
             BenchTransport::Quic => "quic",
             BenchTransport::QuicRr16 => "quic-rr16",
             BenchTransport::QuicTuned => "quic-tuned",
+            BenchTransport::QuicOld => "quic-old",
             BenchTransport::Kcptun => "kcptun",
             BenchTransport::UdpSeed => "udp-seed",
             BenchTransport::UdpRobust => "udp-robust",
@@ -99,7 +105,10 @@ impl BenchTransport {
     pub fn is_quic(self) -> bool {
         matches!(
             self,
-            BenchTransport::Quic | BenchTransport::QuicRr16 | BenchTransport::QuicTuned
+            BenchTransport::Quic
+                | BenchTransport::QuicRr16
+                | BenchTransport::QuicTuned
+                | BenchTransport::QuicOld
         )
     }
 
@@ -128,16 +137,27 @@ impl BenchTransport {
 
     /// Agent options this transport always uses.
     pub fn agent_args(self) -> Vec<String> {
+        match self.setting_args() {
+            [] => self.lab_transport().agent_transport_args(),
+            a => a.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// The agents' settings that set this QUIC variant apart from `quic`.
+    pub fn setting_args(self) -> &'static [&'static str] {
         match self {
-            BenchTransport::QuicTuned => TUNED_ARGS.iter().map(|s| s.to_string()).collect(),
-            t => t.lab_transport().agent_transport_args(),
+            BenchTransport::QuicTuned => &TUNED_ARGS,
+            BenchTransport::QuicOld => &OLD_DEFAULT_ARGS,
+            _ => &[],
         }
     }
 
     /// The agents' `--streams` value.
     pub fn streams(self) -> Option<&'static str> {
         match self {
-            BenchTransport::Quic | BenchTransport::QuicTuned => Some("safe"),
+            BenchTransport::Quic | BenchTransport::QuicTuned | BenchTransport::QuicOld => {
+                Some("safe")
+            }
             BenchTransport::QuicRr16 => Some("rr:16"),
             _ => None,
         }
@@ -157,9 +177,8 @@ impl FromStr for BenchTransport {
             .into_iter()
             .find(|t| t.as_str() == s)
             .ok_or_else(|| {
-                anyhow!(
-                    "unknown transport {s:?} (tcp, tls, quic, quic-rr16, quic-tuned, kcptun, udp-seed, udp-robust)"
-                )
+                let known: Vec<&str> = BenchTransport::ALL.iter().map(|t| t.as_str()).collect();
+                anyhow!("unknown transport {s:?} ({})", known.join(", "))
             })
     }
 }

@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 
 use crate::bench::cell::paper_accounting;
 use crate::bench::out::{self, Csv, md_table};
-use crate::bench::pair::{BenchTransport, TUNED_ARGS, parse_transports};
+use crate::bench::pair::{BenchTransport, parse_transports};
 use crate::bench::synth::{self, Reader, TlsSide, Writer};
 use crate::controller::ControllerKind;
 use crate::emulator::sys;
@@ -78,7 +78,7 @@ pub struct Table1Args {
     /// CI size: the lowest two levels of each experiment, few operations.
     #[arg(long)]
     pub quick: bool,
-    /// Comma-separated: tcp,tls,quic,quic-rr16,quic-tuned,kcptun.
+    /// Comma-separated: tcp,tls,quic,quic-rr16,quic-tuned,quic-old,kcptun,udp-seed,udp-robust (`quic-old`: the defaults before issue 13, for comparisons in one run).
     #[arg(
         long,
         default_value = "tcp,tls,quic,quic-rr16,quic-tuned,kcptun,udp-seed,udp-robust"
@@ -494,7 +494,7 @@ fn db_reader(mut rd: Reader, wr: Arc<Mutex<Writer>>, tx: Sender<DbEvent>) {
 // ---- the experiments ----
 
 /// A one-switch lab for transport `t`; `agent_args` go to both agents of the
-/// QUIC transports (after `quic-tuned`'s own, so they win).
+/// QUIC transports (after the variant's own, e.g. `quic-tuned`'s, so they win).
 pub(crate) fn lab_config(prefix: &str, t: BenchTransport, agent_args: &[String]) -> LabConfig {
     let mut cfg = LabConfig::new(prefix);
     let s = &mut cfg.settings;
@@ -504,10 +504,8 @@ pub(crate) fn lab_config(prefix: &str, t: BenchTransport, agent_args: &[String])
     s.ovsdb = true;
     s.transport = t.lab_transport();
     s.streams = t.streams().map(str::to_string);
-    if t == BenchTransport::QuicTuned {
-        s.agent_args = TUNED_ARGS.iter().map(|a| a.to_string()).collect();
-    }
     if t.is_quic() {
+        s.agent_args = t.setting_args().iter().map(|a| a.to_string()).collect();
         s.agent_args.extend(agent_args.iter().cloned());
     }
     cfg

@@ -88,7 +88,7 @@ impl Transport {
             Transport::Tcp => "tcp",
             Transport::Ordered => "quic ordered",
             Transport::Safe => "quic (default: safe)",
-            Transport::SafeOld => "quic (safe, old defaults)",
+            Transport::SafeOld => "quic (old defaults)",
         }
     }
 
@@ -384,7 +384,7 @@ pub fn run(args: HolArgs) -> Result<()> {
     md += &out::provenance();
     if args.old_defaults {
         md += &format!(
-            "- *quic (safe, old defaults)*: the agents with the defaults before issue 13 (`{}`), measured in the same run\n",
+            "- *quic (old defaults)*: the agents, stream mode `safe`, with the defaults before issue 13 (`{}`), measured in the same run\n",
             OLD_DEFAULT_ARGS.join(" ")
         );
     }
@@ -448,4 +448,17 @@ pub fn run(args: HolArgs) -> Result<()> {
     std::fs::write(args.out.join("hol.md"), md)?;
     println!("\nwrote {}/hol.csv and hol.md", args.out.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_transport_name_fits_a_csv_cell() {
+        for t in Transport::measured(true) {
+            assert!(!t.name().contains([',', '"', '\n']), "{}", t.name());
+        }
+        assert_eq!(Transport::measured(false).len(), 3);
+    }
 }

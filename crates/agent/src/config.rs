@@ -289,6 +289,11 @@ pub struct SwitchConfig {
     /// (on by default; `--no-hello-stand-in` turns it off): see
     /// [`crate::stand_in`] for when, [`quicsdn_lanes::hello`] for how.
     pub hello_stand_in: bool,
+    /// After a stand-in HELLO, answer OVS's ECHO_REQUESTs until the
+    /// controller speaks, so OVS's inactivity probe does not drop a connection
+    /// that waits for its turn at a restarted controller agent (on by
+    /// default; `--no-echo-stand-in` turns it off): [`quicsdn_lanes::EchoStandIn`].
+    pub echo_stand_in: bool,
     pub common: CommonConfig,
 }
 
@@ -303,6 +308,7 @@ impl SwitchConfig {
             reconnect_jitter: crate::admission::DEFAULT_RECONNECT_JITTER,
             failback_interval: DEFAULT_FAILBACK_INTERVAL,
             hello_stand_in: true,
+            echo_stand_in: true,
             common,
         }
     }

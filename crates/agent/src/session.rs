@@ -33,8 +33,8 @@
 use bytes::{Bytes, BytesMut};
 use quicsdn_lanes::rules::Direction;
 use quicsdn_lanes::{
-    CoalesceConfig, Coalescer, EarlyGate, HelloStandIn, Inbound, InboundEvent, Outbound,
-    PRIORITY_LANE, StandInError, StreamMode,
+    CoalesceConfig, Coalescer, EarlyGate, EchoStandIn, HelloStandIn, Inbound, InboundEvent,
+    Outbound, PRIORITY_LANE, StandInError, StreamMode,
 };
 use quicsdn_transport::local::{LocalRead, LocalWrite};
 use quicsdn_wire::FrameError;
@@ -116,6 +116,65 @@ pub struct HelloWatch {
     pub memory: HelloMemory,
     /// The HELLO sent to OVS on the controller's behalf, and OVS's HELLO.
     pub stand_in: Option<(Bytes, Bytes)>,
+    /// With a stand-in HELLO: OVS's echo requests answered until the
+    /// controller speaks.
+    pub echo: Option<EchoAnswer>,
+}
+
+/// One OVS connection's [`EchoStandIn`], shared by the switch agent's wait
+/// for a link and the sessions it then runs on (one after another), and
+/// stopped when the controller's HELLO arrives.
+#[derive(Clone)]
+pub struct EchoAnswer {
+    watch: Arc<std::sync::Mutex<EchoStandIn>>,
+    /// True while the link to the controller agent is not known dead (the
+    /// rule of the HELLO stand-in, [`crate::stand_in`]): only then does OVS get
+    /// an answer in the controller's stead.
+    link_alive: Arc<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for EchoAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EchoAnswer")
+            .field("watch", &self.watch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EchoAnswer {
+    pub fn new(max_message: usize, link_alive: Arc<dyn Fn() -> bool + Send + Sync>) -> EchoAnswer {
+        EchoAnswer {
+            watch: Arc::new(std::sync::Mutex::new(EchoStandIn::new(max_message))),
+            link_alive,
+        }
+    }
+
+    fn watch(&self) -> std::sync::MutexGuard<'_, EchoStandIn> {
+        self.watch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes bytes read from OVS, in order; returns the ECHO_REPLYs to write
+    /// to OVS now (none once stopped, or while the link is known dead).
+    pub fn observe(&self, bytes: &[u8]) -> Vec<Bytes> {
+        let replies = self.watch().observe(bytes);
+        if replies.is_empty() || !(self.link_alive)() {
+            return Vec::new();
+        }
+        replies
+    }
+
+    pub fn is_active(&self) -> bool {
+        !self.watch().is_stopped()
+    }
+
+    fn stop(&self) {
+        self.watch().stop();
+    }
+
+    /// OVS's echo requests answered so far.
+    pub fn answered(&self) -> u64 {
+        self.watch().answered()
+    }
 }
 
 /// The in-pump's part of a [`HelloWatch`].
@@ -123,7 +182,7 @@ enum HelloState {
     /// Nothing to do (no watch, or the first message has passed).
     Off,
     Remember(HelloMemory),
-    Swallow(HelloStandIn, HelloMemory),
+    Swallow(HelloStandIn, HelloMemory, Option<EchoAnswer>),
 }
 
 impl HelloState {
@@ -135,7 +194,7 @@ impl HelloState {
             None => HelloState::Remember(w.memory),
             // The switch agent built the pair it checked: cannot fail here.
             Some((sent, ovs)) => match HelloStandIn::new(&sent, &ovs) {
-                Ok(s) => HelloState::Swallow(s, w.memory),
+                Ok(s) => HelloState::Swallow(s, w.memory, w.echo),
                 Err(_) => HelloState::Remember(w.memory),
             },
         }
@@ -158,7 +217,7 @@ impl HelloState {
                 }
                 Ok(runs)
             }
-            HelloState::Swallow(stand_in, memory) => {
+            HelloState::Swallow(stand_in, memory, echo) => {
                 let mut out = Vec::with_capacity(runs.len());
                 for r in runs {
                     match stand_in.push(r) {
@@ -175,6 +234,10 @@ impl HelloState {
                 }
                 if let Some(h) = stand_in.swallowed() {
                     remember(memory, h);
+                    // The controller is here: it answers OVS's echo now.
+                    if let Some(e) = echo {
+                        e.stop();
+                    }
                     *self = HelloState::Off;
                 }
                 Ok(out)
@@ -434,6 +497,14 @@ pub async fn run(
     tap.opened();
     let (abort_tx, abort_rx) = watch::channel(None::<u32>);
     let (events_tx, events_rx) = mpsc::unbounded_channel();
+    // ECHO_REPLYs the out-pump's echo stand-in writes through the in-pump,
+    // which owns the local socket's writing half.
+    let echo = info
+        .hello
+        .as_ref()
+        .and_then(|h| h.echo.clone())
+        .filter(EchoAnswer::is_active);
+    let (replies_tx, replies_rx) = mpsc::unbounded_channel();
     let outbound = Outbound::new(
         service.framing,
         service.max_message,
@@ -476,7 +547,7 @@ pub async fn run(
         (coalescer, outbound),
         streams.send,
         lane_opener,
-        events_rx,
+        (events_rx, echo.map(|e| (e, replies_tx))),
         abort_rx.clone(),
         gate(true),
         (sent_meter, tap.clone(), info.direction),
@@ -485,7 +556,7 @@ pub async fn run(
         wr,
         (inbound, HelloState::new(info.hello.clone())),
         (streams.recv, streams.initial),
-        streams.lanes,
+        (streams.lanes, replies_rx),
         events_tx,
         abort_rx,
         gate(false),
@@ -654,7 +725,10 @@ async fn pump_out(
     (coalescer, outbound): (Option<Coalescer>, Outbound),
     main: SendStream,
     opener: LaneOpener,
-    events: mpsc::UnboundedReceiver<InboundEvent>,
+    (events, echo): (
+        mpsc::UnboundedReceiver<InboundEvent>,
+        Option<(EchoAnswer, mpsc::UnboundedSender<Bytes>)>,
+    ),
     abort: watch::Receiver<Option<u32>>,
     gate: Option<Gate>,
     (meter, tap, direction): (Meter, SessionTap, Direction),
@@ -668,6 +742,7 @@ async fn pump_out(
             .collect(),
         opener,
         events,
+        echo,
         abort,
         replay: gate.as_ref().map(|_| BytesMut::new()),
         gate,
@@ -708,6 +783,9 @@ struct OutPump {
     sends: Vec<Option<SendStream>>,
     opener: LaneOpener,
     events: mpsc::UnboundedReceiver<InboundEvent>,
+    /// Until the controller speaks, after a stand-in HELLO (switch agent):
+    /// answers OVS's echo requests, and where the answers go.
+    echo: Option<(EchoAnswer, mpsc::UnboundedSender<Bytes>)>,
     abort: watch::Receiver<Option<u32>>,
     /// Until the handshake completes (0-RTT, client side).
     gate: Option<Gate>,
@@ -751,6 +829,20 @@ impl OutPump {
             }
         }
         Ok(())
+    }
+
+    /// Shows bytes just read from the local peer to the echo stand-in, once
+    /// (not what a retried session replays: the watch saw it when it was read).
+    fn answer_echo(&mut self, bytes: &[u8]) {
+        if let Some((echo, replies)) = &self.echo {
+            for r in echo.observe(bytes) {
+                // The in-pump is gone only when the session ends.
+                let _ = replies.send(r);
+            }
+            if !echo.is_active() {
+                self.echo = None;
+            }
+        }
     }
 
     /// Takes bytes from the local peer: through the 0-RTT gate while there is one.
@@ -804,7 +896,7 @@ impl OutPump {
             .map(tokio::time::Instant::from_std);
         // Reading is cancel-safe (tokio's `read_buf`, `readable`): a tick that
         // wins loses no byte.
-        let n = if self.gate.is_none() {
+        let n = if self.gate.is_none() && self.echo.is_none() {
             {
                 let mut ready = std::pin::pin!(rd.readable());
                 let now = std::future::poll_fn(|cx| Poll::Ready(ready.as_mut().poll(cx))).await;
@@ -836,6 +928,7 @@ impl OutPump {
         } else {
             let mut buf = BytesMut::with_capacity(quicsdn_lanes::MIN_READ_CHUNK);
             let r = or_abort(&mut self.abort, until(due, rd.read_buf(&mut buf))).await;
+            self.answer_echo(&buf);
             self.ingest(&buf);
             r
         };
@@ -1049,6 +1142,8 @@ enum InEvent {
     NewLane(Box<IncomingLane>),
     /// The link stopped routing lanes (the connection is going away).
     NoMoreLanes,
+    /// An ECHO_REPLY the echo stand-in wrote for OVS ([`EchoAnswer`]).
+    EchoReply(Bytes),
 }
 
 /// Returns how it ended, and the bytes it delivered locally.
@@ -1057,7 +1152,10 @@ async fn pump_in(
     wr: LocalWrite,
     inbound: (Inbound, HelloState),
     main: (RecvStream, Bytes),
-    lanes: mpsc::UnboundedReceiver<Box<IncomingLane>>,
+    lanes: (
+        mpsc::UnboundedReceiver<Box<IncomingLane>>,
+        mpsc::UnboundedReceiver<Bytes>,
+    ),
     events: mpsc::UnboundedSender<InboundEvent>,
     abort: watch::Receiver<Option<u32>>,
     gate: Option<Gate>,
@@ -1127,7 +1225,10 @@ async fn pump_in_inner(
     wr: &mut LocalWrite,
     (mut inbound, mut hello): (Inbound, HelloState),
     main: (RecvStream, Bytes),
-    mut lanes: mpsc::UnboundedReceiver<Box<IncomingLane>>,
+    (mut lanes, mut echo_replies): (
+        mpsc::UnboundedReceiver<Box<IncomingLane>>,
+        mpsc::UnboundedReceiver<Bytes>,
+    ),
     events: mpsc::UnboundedSender<InboundEvent>,
     mut abort: watch::Receiver<Option<u32>>,
     mut gate: Option<Gate>,
@@ -1146,6 +1247,10 @@ async fn pump_in_inner(
         let next = std::future::poll_fn(|cx| {
             if lanes_open && let Poll::Ready(l) = lanes.poll_recv(cx) {
                 return Poll::Ready(l.map_or(InEvent::NoMoreLanes, InEvent::NewLane));
+            }
+            // Between runs: the local peer gets whole messages only.
+            if let Poll::Ready(Some(reply)) = echo_replies.poll_recv(cx) {
+                return Poll::Ready(InEvent::EchoReply(reply));
             }
             let n = feeds.len();
             for k in 0..n {
@@ -1167,6 +1272,16 @@ async fn pump_in_inner(
         };
         match event {
             InEvent::NoMoreLanes => lanes_open = false,
+            InEvent::EchoReply(reply) => {
+                debug!(
+                    "answered OVS's echo request in the controller's stead (the controller has not spoken yet)"
+                );
+                match or_abort(&mut abort, wr.write_all(&reply)).await {
+                    Err(c) => break (End::Aborted, Some(c)),
+                    Ok(Err(e)) => break (End::LocalIo(e), Some(code::LOCAL_ABORT)),
+                    Ok(Ok(())) => {}
+                }
+            }
             InEvent::NewLane(l) => {
                 if l.lane >= feeds.len() || feeds[l.lane].is_some() {
                     let mut recv = l.recv;

@@ -16,7 +16,7 @@ use crate::config::SwitchConfig;
 use crate::link::{Link, Scheduling};
 use crate::metrics::{Metrics, RefusalReason};
 use crate::services::{Service, ServiceTable};
-use crate::session::{Handshake, HelloMemory, HelloWatch, Outcome};
+use crate::session::{EchoAnswer, Handshake, HelloMemory, HelloWatch, Outcome};
 use crate::stand_in::{self, Ending, LinkView, Verdict};
 use crate::{AgentError, Shutdown, control};
 use bytes::Bytes;
@@ -906,6 +906,7 @@ async fn new_session(
     let mut hello = hello_memory.map(|memory| HelloWatch {
         memory,
         stand_in: None,
+        echo: None,
     });
     if let Some(w) = hello.as_mut()
         && inner.stand_in_engages(&w.memory)
@@ -913,6 +914,26 @@ async fn new_session(
         match stand_in_hello(&inner, &service, &w.memory, &mut local).await {
             Ok(None) => {}
             Ok(Some((pair, read))) => {
+                // OVS now believes its controller is there: answer its
+                // inactivity probes until the controller speaks.
+                let alive = {
+                    let (inner, memory) = (Arc::downgrade(&inner), w.memory.clone());
+                    Arc::new(move || {
+                        inner
+                            .upgrade()
+                            .is_some_and(|inner| inner.stand_in_engages(&memory))
+                    })
+                };
+                if inner.config.echo_stand_in {
+                    let echo = EchoAnswer::new(service.max_message, alive);
+                    // What OVS sent right behind its HELLO, if anything.
+                    let after_hello = &read[pair.1.len()..];
+                    if let Err(e) = write_replies(&mut local.1, echo.observe(after_hello)).await {
+                        info!(switch = %inner.identity, service = %service.name, "closing OVS's connection: {e}");
+                        return;
+                    }
+                    w.echo = Some(echo);
+                }
                 w.stand_in = Some(pair);
                 preread = read;
             }
@@ -923,7 +944,21 @@ async fn new_session(
         }
     }
     loop {
-        let Some(link) = link_for_session(&inner).await else {
+        let echo = hello.as_ref().and_then(|h| h.echo.as_ref());
+        let waited = match echo.filter(|e| e.is_active()) {
+            None => Ok(link_for_session(&inner).await),
+            Some(echo) => {
+                link_answering_echo(&inner, &service, &mut local, &mut preread, echo).await
+            }
+        };
+        let link = match waited {
+            Ok(link) => link,
+            Err(e) => {
+                info!(switch = %inner.identity, service = %service.name, "closing OVS's connection: {e}");
+                return;
+            }
+        };
+        let Some(link) = link else {
             info!(
                 switch = %inner.identity, service = %service.name,
                 "OVS connected but the controller agent is unreachable; closing OVS's connection"
@@ -1033,6 +1068,50 @@ async fn stand_in_hello(
         })?
         .to_vec();
     Ok(Some(((sent, Bytes::from(ovs)), read.freeze())))
+}
+
+/// Writes the echo stand-in's ECHO_REPLYs to OVS.
+async fn write_replies(wr: &mut LocalWrite, replies: Vec<Bytes>) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    for r in replies {
+        wr.write_all(&r).await?;
+    }
+    Ok(())
+}
+
+/// [`link_for_session`] for an OVS connection that got a stand-in HELLO:
+/// meanwhile reads what OVS sends (into `preread`, for the session, up to one
+/// largest message; then OVS's socket buffer holds the rest) and answers its
+/// echo requests ([`EchoAnswer`]). Without this OVS drops the connection
+/// after 10 s of unanswered inactivity probing while the switch agent waits
+/// for its turn at a restarted controller agent (issue 18).
+async fn link_answering_echo(
+    inner: &Inner,
+    service: &Service,
+    (rd, wr): &mut (LocalRead, LocalWrite),
+    preread: &mut Bytes,
+    echo: &EchoAnswer,
+) -> std::io::Result<Option<Arc<Link>>> {
+    use tokio::io::AsyncReadExt;
+    let waiting = link_for_session(inner);
+    tokio::pin!(waiting);
+    let mut read = bytes::BytesMut::from(&preread[..]);
+    let mut eof = false;
+    let link = loop {
+        let room = !eof && read.len() < service.max_message;
+        tokio::select! {
+            link = &mut waiting => break link,
+            n = rd.read_buf(&mut read), if room => {
+                let n = n?;
+                // OVS closed: the session passes that on, as without a wait.
+                eof = n == 0;
+                let new = &read[read.len() - n..];
+                write_replies(wr, echo.observe(new)).await?;
+            }
+        }
+    };
+    *preread = read.freeze();
+    Ok(link)
 }
 
 /// The live link, waiting at most for one connection attempt (started now if the

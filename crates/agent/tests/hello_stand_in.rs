@@ -183,6 +183,86 @@ async fn ovs_gets_the_controllers_hello_while_the_controller_agent_restarts() {
     controller.shutdown().await;
 }
 
+/// OVS probes its controller after 5 s of silence and drops the connection 5 s
+/// later without an answer. After a stand-in HELLO the switch agent answers
+/// OVS's ECHO_REQUESTs itself until the controller speaks: while it waits for
+/// the controller agent, and on the session before the controller's HELLO.
+/// The requests still reach the controller; once it has spoken, it alone
+/// answers.
+#[tokio::test(flavor = "current_thread")]
+async fn ovs_echo_is_answered_until_the_controller_speaks() {
+    let Bed {
+        pki,
+        fake,
+        services,
+        controller,
+        agent,
+    } = Bed::up(|s| s.common.quic.zero_rtt = false).await;
+    let addr = controller.local_addr().unwrap();
+    let ovs_hello = hello(4, 1 << 4, 1);
+    let ctl_hello = hello(6, 0b111_1110, 9);
+    let echo = |t: u8, xid: u32, data: &[u8]| message(4, t, xid, data);
+    let mut ovs = first_session(&agent, &fake, &ovs_hello, &ctl_hello).await;
+    controller.shutdown().await;
+    assert_closed(&mut ovs).await;
+
+    // The controller agent is down: the switch agent waits for it.
+    let mut ovs = ovs_reconnects(&agent, &ctl_hello, &ovs_hello).await;
+    let probe_a = echo(2, 20, b"probe-a");
+    ovs.write_all(&probe_a).await.unwrap();
+    assert_eq!(
+        read_exactly(&mut ovs, probe_a.len(), Duration::from_secs(1)).await,
+        echo(3, 20, b"probe-a"),
+        "answered while no controller agent runs"
+    );
+
+    // Back, and the session is open, but the controller has not spoken.
+    let controller = controller_agent_at(&pki, &services, addr).await;
+    let mut ctl = fake.accept().await;
+    let so_far = [ovs_hello.clone(), probe_a.clone()].concat();
+    assert_eq!(
+        read_exactly(&mut ctl, so_far.len(), PATIENCE).await,
+        so_far,
+        "OVS's HELLO and its echo request reach the controller"
+    );
+    let probe_b = echo(2, 21, b"probe-b!");
+    ovs.write_all(&probe_b).await.unwrap();
+    assert_eq!(
+        read_exactly(&mut ovs, probe_b.len(), Duration::from_secs(1)).await,
+        echo(3, 21, b"probe-b!"),
+        "answered on the session before the controller's HELLO"
+    );
+    assert_eq!(
+        read_exactly(&mut ctl, probe_b.len(), PATIENCE).await,
+        probe_b
+    );
+
+    // The controller speaks: from now on its answers are the only ones.
+    let features_request = message(4, 5, 10, &[]);
+    ctl.write_all(&[ctl_hello.clone(), features_request.clone()].concat())
+        .await
+        .unwrap();
+    assert_eq!(read_exactly(&mut ovs, 8, PATIENCE).await, features_request);
+    let probe_c = echo(2, 22, b"c");
+    ovs.write_all(&probe_c).await.unwrap();
+    assert_eq!(
+        read_exactly(&mut ctl, probe_c.len(), PATIENCE).await,
+        probe_c
+    );
+    let barrier = message(4, 20, 23, &[]);
+    ctl.write_all(&[echo(3, 22, b"c"), barrier.clone()].concat())
+        .await
+        .unwrap();
+    let want = [echo(3, 22, b"c"), barrier].concat();
+    assert_eq!(
+        read_exactly(&mut ovs, want.len(), PATIENCE).await,
+        want,
+        "one echo reply, the controller's, then the controller's next message"
+    );
+    agent.shutdown().await;
+    controller.shutdown().await;
+}
+
 /// With 0-RTT (the default), the switch agent is connected to the restarted
 /// controller agent at once; OVS's HELLO wait must not depend on how soon the
 /// controller behind it answers, so OVS gets the stand-in on a live link too.

@@ -497,6 +497,15 @@ pub struct SwitchArgs {
     /// real HELLO, so its fail mode sees the controller's loss.
     #[arg(long)]
     pub no_hello_stand_in: bool,
+    /// Do not answer OVS's echo requests after a stand-in HELLO. By default,
+    /// once OVS got the controller's previous HELLO, the agent answers OVS's
+    /// inactivity probes (ECHO_REQUEST) itself until the controller's own
+    /// HELLO arrives, and only while the link to the controller agent is not
+    /// known dead (the stand-in's rule), so OVS does not drop a connection
+    /// that waits for its turn at a busy, restarted controller agent. The
+    /// requests still reach the controller.
+    #[arg(long)]
+    pub no_echo_stand_in: bool,
 }
 
 #[derive(Args, Debug)]
@@ -846,6 +855,7 @@ impl SwitchArgs {
             reconnect_jitter,
             failback_interval,
             hello_stand_in: !self.no_hello_stand_in,
+            echo_stand_in: !self.no_echo_stand_in,
             common,
         })
     }

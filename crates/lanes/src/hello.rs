@@ -114,6 +114,110 @@ impl HelloStandIn {
     }
 }
 
+/// OVS's ECHO_REQUESTs, answered on the controller's behalf while an OVS
+/// connection that got a stand-in HELLO waits for the controller (when: the
+/// agent's `stand_in` module). No I/O, no clock.
+///
+/// Why: once OVS has a HELLO it probes its controller after 5 s of silence
+/// and drops the connection 5 s later without an answer (`rconn`'s
+/// inactivity probe). After a controller-agent restart under thousands of
+/// switches a session can wait longer than that for its turn, so OVS dropped
+/// connections it had just been given (issue 18).
+///
+/// OpenFlow 1.3.5 §7.5.3: "An Echo Reply message consists of an OpenFlow
+/// header plus the unmodified data field of an echo request message", so the
+/// reply is the request with its type changed. OVS's bytes all still go to the
+/// controller, its echo requests included: this only watches them. The
+/// controller's own replies to those then reach OVS as well, and OVS takes an
+/// echo reply it did not wait for as a sign of life and nothing more
+/// (`rconn` counts any message received as activity).
+#[derive(Debug)]
+pub struct EchoStandIn {
+    max_message: usize,
+    /// Bytes of the message now passing that are still to come (not kept).
+    skip: usize,
+    /// The next message's first bytes: a partial header, or an ECHO_REQUEST
+    /// still arriving.
+    head: BytesMut,
+    stopped: bool,
+    answered: u64,
+}
+
+impl EchoStandIn {
+    /// Watches OVS's bytes from a message boundary on; messages longer than
+    /// `max_message` are never kept.
+    pub fn new(max_message: usize) -> EchoStandIn {
+        EchoStandIn {
+            max_message,
+            skip: 0,
+            head: BytesMut::new(),
+            stopped: false,
+            answered: 0,
+        }
+    }
+
+    /// Takes the bytes OVS sent, in order (they pass on unchanged, elsewhere),
+    /// and returns an ECHO_REPLY for each ECHO_REQUEST they complete.
+    pub fn observe(&mut self, mut bytes: &[u8]) -> Vec<Bytes> {
+        let mut replies = Vec::new();
+        while !self.stopped && !bytes.is_empty() {
+            if self.skip > 0 {
+                let n = self.skip.min(bytes.len());
+                self.skip -= n;
+                bytes = &bytes[n..];
+                continue;
+            }
+            // The header first, then an echo request's body.
+            let want = match Header::parse(&self.head) {
+                None => HEADER_LEN,
+                Some(h) => usize::from(h.length),
+            };
+            let n = want.saturating_sub(self.head.len()).min(bytes.len());
+            self.head.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+            let Some(h) = Header::parse(&self.head) else {
+                continue;
+            };
+            let len = usize::from(h.length);
+            if len < HEADER_LEN || len > self.max_message {
+                // Malformed: the session's normal path reports it; from here
+                // the boundaries cannot be trusted, so watch no further.
+                self.stop();
+                break;
+            }
+            if h.msg_type != ECHO_REQUEST {
+                self.skip = len - self.head.len();
+                self.head.clear();
+            } else if self.head.len() == len {
+                let mut reply = std::mem::take(&mut self.head);
+                reply[1] = ECHO_REPLY;
+                replies.push(reply.freeze());
+                self.answered += 1;
+            }
+        }
+        replies
+    }
+
+    /// The controller spoke (its HELLO arrived): it answers from now on.
+    pub fn stop(&mut self) {
+        self.stopped = true;
+        self.head = BytesMut::new();
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// ECHO_REQUESTs answered so far.
+    pub fn answered(&self) -> u64 {
+        self.answered
+    }
+}
+
+/// OpenFlow message types (the same in every version, OpenFlow 1.3.5 §7.1).
+const ECHO_REQUEST: u8 = 2;
+const ECHO_REPLY: u8 = 3;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,5 +297,53 @@ mod tests {
         assert_eq!(leading_hello(&both), Some(&h[..]));
         assert_eq!(leading_hello(&h[..10]), None);
         assert_eq!(leading_hello(&both[h.len()..]), None);
+    }
+
+    fn echo(xid: u32, data: &[u8]) -> Vec<u8> {
+        message(OFP13_VERSION, 2, xid, data)
+    }
+
+    #[test]
+    fn answers_each_echo_request_in_any_split_and_lets_everything_pass() {
+        let stream = [
+            hello(OFP13_VERSION, OVS13),
+            echo(7, b"probe"),
+            message(OFP13_VERSION, 10, 3, &[9; 40]), // a PACKET_IN
+            echo(8, &[]),
+        ]
+        .concat();
+        let want = vec![
+            Bytes::from(message(OFP13_VERSION, 3, 7, b"probe")),
+            Bytes::from(message(OFP13_VERSION, 3, 8, &[])),
+        ];
+        for a in 0..stream.len() {
+            for b in a..stream.len() {
+                let mut w = EchoStandIn::new(1024);
+                let mut got = Vec::new();
+                for part in [&stream[..a], &stream[a..b], &stream[b..]] {
+                    got.extend(w.observe(part));
+                }
+                assert_eq!(got, want, "cuts at {a}, {b}");
+                assert_eq!(w.answered(), 2);
+            }
+        }
+    }
+
+    #[test]
+    fn a_stopped_or_confused_watch_answers_nothing_more() {
+        let mut w = EchoStandIn::new(1024);
+        assert_eq!(w.observe(&echo(1, b"x")).len(), 1);
+        w.stop();
+        assert!(w.is_stopped());
+        assert!(w.observe(&echo(2, b"x")).is_empty());
+        // A length below the header's, or above the limit: stop, do not guess.
+        for bad in [
+            vec![4, 2, 0, 4, 0, 0, 0, 1],
+            message(OFP13_VERSION, 2, 3, &[0; 100]),
+        ] {
+            let mut w = EchoStandIn::new(64);
+            assert!(w.observe(&[bad, echo(4, b"")].concat()).is_empty());
+            assert!(w.is_stopped());
+        }
     }
 }

@@ -42,7 +42,7 @@ mod outbound;
 
 pub use coalesce::{CoalesceConfig, Coalescer, Flush, FlushReason};
 pub use early::EarlyGate;
-pub use hello::{HelloStandIn, StandInError};
+pub use hello::{EchoStandIn, HelloStandIn, StandInError};
 pub use inbound::{Inbound, InboundEvent, TruncatedLane};
 pub use outbound::{Batch, Outbound};
 pub use rules::Direction;

@@ -77,7 +77,8 @@ pub struct StormArgs {
     /// `-capN` and/or `-jitterD` (e.g. `1rtt-cap64-jitter1s`); neither means no
     /// admission control (--max-handshakes=0, --reconnect-jitter=0s).
     /// `-nostandin` turns the switch agents' HELLO stand-in off
-    /// (`--no-hello-stand-in`), for a before/after comparison. `-noovsdb`
+    /// (`--no-hello-stand-in`), `-noecho` only its answers to OVS's echo
+    /// requests (`--no-echo-stand-in`), for a before/after comparison. `-noovsdb`
     /// leaves out both agents' OVSDB service (the controller agent holds a
     /// listening socket per switch for it: 10,000 switches need it left out
     /// where a process may open at most 20,000 files).
@@ -127,6 +128,9 @@ pub struct StormConfig {
     /// one while the controller agent is out of reach (the default; the part
     /// `-nostandin` sets `--no-hello-stand-in`).
     pub hello_stand_in: bool,
+    /// ... and answer OVS's echo requests until the controller speaks (the
+    /// default; `-noecho` sets `--no-echo-stand-in`).
+    pub echo_stand_in: bool,
     /// Both agents carry the OVSDB service (the default; `-noovsdb` leaves it
     /// out).
     pub ovsdb: bool,
@@ -138,7 +142,7 @@ impl StormConfig {
         let bad = |why: String| {
             anyhow!(
                 "configuration {spec:?}: {why}; expected 0rtt or 1rtt, then -admission, -capN, \
-                 -jitterD, -nostandin or -noovsdb (e.g. 0rtt-admission, 1rtt-cap64-jitter1s)"
+                 -jitterD, -nostandin, -noecho or -noovsdb (e.g. 0rtt-admission, 1rtt-cap64-jitter1s)"
             )
         };
         let mut parts = spec.split('-');
@@ -153,11 +157,14 @@ impl StormConfig {
             max_handshakes: 0,
             jitter: Duration::ZERO,
             hello_stand_in: true,
+            echo_stand_in: true,
             ovsdb: true,
         };
         for p in parts {
             if p == "nostandin" {
                 c.hello_stand_in = false;
+            } else if p == "noecho" {
+                c.echo_stand_in = false;
             } else if p == "noovsdb" {
                 c.ovsdb = false;
             } else if p == "admission" {
@@ -239,6 +246,9 @@ pub struct Restart {
     /// waiting for the controller's HELLO.
     pub ovs_attempts: u64,
     pub ovs_hello_timeouts: u64,
+    /// Connections the simulated switches dropped for an unanswered
+    /// inactivity probe (OVS: "no response to inactivity probe").
+    pub ovs_probe_timeouts: u64,
 }
 
 impl Restart {
@@ -307,6 +317,8 @@ pub const RESTARTS_CSV: &[&str] = &[
     "ovs_attempts",
     "ovs_hello_timeouts",
     "waited",
+    // Appended later, so older files still read.
+    "ovs_probe_timeouts",
 ];
 pub const SWITCHES_CSV: &[&str] = &["config", "restart", "switch", "back_s", "handshakes"];
 pub const STEADY_CSV: &[&str] = &[
@@ -519,6 +531,7 @@ fn switch_config(
         max_backoff: Duration::from_secs(8),
         reconnect_jitter: cfg.jitter,
         hello_stand_in: cfg.hello_stand_in,
+        echo_stand_in: cfg.echo_stand_in,
         ..SwitchConfig::new(
             ControllerTarget::new(format!("127.0.0.1:{port}"), "ctl"),
             common,
@@ -581,6 +594,12 @@ impl Hosts {
         use std::sync::atomic::Ordering::Relaxed;
         self.fleet.stats.hello_timeouts.load(Relaxed)
             + self.shards.iter().map(|s| s.hello_timeouts()).sum::<u64>()
+    }
+
+    fn probe_timeouts(&self) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.fleet.stats.probe_timeouts.load(Relaxed)
+            + self.shards.iter().map(|s| s.probe_timeouts()).sum::<u64>()
     }
 
     /// This process and the shards.
@@ -722,6 +741,9 @@ impl Bench {
         }
         if !cfg.hello_stand_in {
             c.arg("--no-hello-stand-in");
+        }
+        if !cfg.echo_stand_in {
+            c.arg("--no-echo-stand-in");
         }
         let proc = spawn_service("quicsdn switch (storm)", &mut c, &log)?;
         procs::track(&proc);
@@ -910,6 +932,7 @@ impl Bench {
         let n = self.switches;
         let attempts0 = hosts.attempts();
         let timeouts0 = hosts.hello_timeouts();
+        let probes0 = hosts.probe_timeouts();
         let since = |t0: Duration| (self.controller.now() - t0).as_secs_f64();
         let host0 = hosts.cpu_seconds();
         let machine0 = procs::machine_busy_seconds();
@@ -983,6 +1006,7 @@ impl Bench {
                 udp_drops: procs::udp_drops(self.port).saturating_sub(drops0),
                 ovs_attempts: hosts.attempts() - attempts0,
                 ovs_hello_timeouts: hosts.hello_timeouts() - timeouts0,
+                ovs_probe_timeouts: hosts.probe_timeouts() - probes0,
             },
             t0,
         ))
@@ -1005,7 +1029,7 @@ fn print_restart(r: &Restart) {
     println!(
         "{} restart {}: every switch back {} s ({}/{} back; p50 {:.2} s, p90 {:.2} s); new agent listening after {:.2} s; \
          its CPU {:.2} s ({:.2} ms per switch), {:.1} MiB; switch side CPU {:.2} s; other processes {:.1} cores; waited {}, refused {}, admitted {}, 0-RTT connections {}, \
-         UDP drops {}; OVS attempts {} (HELLO timeouts {})",
+         UDP drops {}; OVS attempts {} (HELLO timeouts {}, inactivity-probe timeouts {})",
         r.config.name,
         r.index,
         opt(r.all_back()),
@@ -1026,6 +1050,7 @@ fn print_restart(r: &Restart) {
         r.udp_drops,
         r.ovs_attempts,
         r.ovs_hello_timeouts,
+        r.ovs_probe_timeouts,
     );
 }
 
@@ -1054,6 +1079,7 @@ fn summary_table(steadies: &[Steady], restarts: &[Restart]) -> String {
                 r.zero_rtt_conns.to_string(),
                 r.udp_drops.to_string(),
                 r.ovs_hello_timeouts.to_string(),
+                r.ovs_probe_timeouts.to_string(),
                 kib.clone(),
             ]);
         }
@@ -1074,6 +1100,7 @@ fn summary_table(steadies: &[Steady], restarts: &[Restart]) -> String {
             "0-RTT conns",
             "UDP drops",
             "OVS HELLO timeouts",
+            "OVS probe timeouts",
             "ctl KiB/conn (config, idle)",
         ],
         &rows,
@@ -1118,6 +1145,7 @@ fn write_results(
             r.ovs_attempts.to_string(),
             r.ovs_hello_timeouts.to_string(),
             r.waited.to_string(),
+            r.ovs_probe_timeouts.to_string(),
         ]);
         for d in 1..=r.switches as u64 {
             sc.push(vec![
@@ -1275,6 +1303,12 @@ mod tests {
         assert_eq!((c.max_handshakes, c.jitter), (64, Duration::from_secs(1)));
         assert!(c.hello_stand_in);
         assert!(!StormConfig::parse("1rtt-nostandin").unwrap().hello_stand_in);
+        assert!(c.echo_stand_in);
+        assert!(
+            !StormConfig::parse("0rtt-admission-noecho")
+                .unwrap()
+                .echo_stand_in
+        );
         assert!(c.ovsdb);
         assert!(!StormConfig::parse("0rtt-admission-noovsdb").unwrap().ovsdb);
         assert_eq!(
@@ -1322,6 +1356,7 @@ mod tests {
             udp_drops: 0,
             ovs_attempts: 0,
             ovs_hello_timeouts: 0,
+            ovs_probe_timeouts: 0,
         };
         assert_eq!(r.all_back(), None);
         r.back.insert(3, 2.5);

@@ -82,9 +82,10 @@ pub fn run_shard(spec: &str) -> Result<()> {
         let s = &fleet.stats;
         writeln!(
             out,
-            "stats {} {}",
+            "stats {} {} {}",
             s.attempts.load(Ordering::Relaxed),
-            s.hello_timeouts.load(Ordering::Relaxed)
+            s.hello_timeouts.load(Ordering::Relaxed),
+            s.probe_timeouts.load(Ordering::Relaxed)
         )?;
         out.flush()?;
         match closed_rx.recv_timeout(Duration::from_millis(50)) {
@@ -105,6 +106,7 @@ pub struct Shard {
     pub pid: u32,
     attempts: Arc<AtomicU64>,
     hello_timeouts: Arc<AtomicU64>,
+    probe_timeouts: Arc<AtomicU64>,
 }
 
 impl Shard {
@@ -129,9 +131,14 @@ impl Shard {
         let stdout = child.stdout.take().expect("piped");
         let attempts = Arc::new(AtomicU64::new(0));
         let hello_timeouts = Arc::new(AtomicU64::new(0));
+        let probe_timeouts = Arc::new(AtomicU64::new(0));
         let (ready_tx, ready_rx) = mpsc::channel::<()>();
         {
-            let (a, t) = (attempts.clone(), hello_timeouts.clone());
+            let (a, t, p) = (
+                attempts.clone(),
+                hello_timeouts.clone(),
+                probe_timeouts.clone(),
+            );
             std::thread::spawn(move || {
                 for line in BufReader::new(stdout).lines() {
                     let Ok(line) = line else { break };
@@ -140,9 +147,10 @@ impl Shard {
                         ["ready"] => {
                             let _ = ready_tx.send(());
                         }
-                        ["stats", x, y] => {
+                        ["stats", x, y, z] => {
                             a.store(x.parse().unwrap_or(0), Ordering::Relaxed);
                             t.store(y.parse().unwrap_or(0), Ordering::Relaxed);
+                            p.store(z.parse().unwrap_or(0), Ordering::Relaxed);
                         }
                         _ => {}
                     }
@@ -155,6 +163,7 @@ impl Shard {
             pid,
             attempts,
             hello_timeouts,
+            probe_timeouts,
         };
         if ready_rx.recv_timeout(limit).is_err() {
             let tail = crate::process::log_tail(log, 5);
@@ -178,6 +187,10 @@ impl Shard {
 
     pub fn hello_timeouts(&self) -> u64 {
         self.hello_timeouts.load(Ordering::Relaxed)
+    }
+
+    pub fn probe_timeouts(&self) -> u64 {
+        self.probe_timeouts.load(Ordering::Relaxed)
     }
 
     /// Closes its stdin and waits for it to stop its agents (killed after

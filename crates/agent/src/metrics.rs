@@ -287,6 +287,7 @@ enum FlushLabel {
     urgent,
     bytes,
     tick,
+    quiet,
 }
 
 impl From<FlushReason> for FlushLabel {
@@ -295,6 +296,7 @@ impl From<FlushReason> for FlushLabel {
             FlushReason::Urgent => FlushLabel::urgent,
             FlushReason::Bytes => FlushLabel::bytes,
             FlushReason::Tick => FlushLabel::tick,
+            FlushReason::Quiet => FlushLabel::quiet,
         }
     }
 }

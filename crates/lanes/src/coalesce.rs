@@ -30,6 +30,15 @@
 //!   [`CoalesceConfig::max_held`] bytes are held (a burst fills packets by
 //!   itself, and waiting longer buys nothing). A message waits at most one
 //!   window.
+//! * **A burst's tail does not wait for the tick**: when nothing more has
+//!   arrived for [`QUIET_FACTOR`] times the session's typical gap between
+//!   reads (their geometric mean, so the long pauses between bursts do not
+//!   count), at least [`QUIET_MIN`], what is held leaves. A controller that
+//!   writes ten FLOW_MODs back to back and then nothing gets the last of them
+//!   out within about half a millisecond instead of up to a window later
+//!   (`bench delay`: p99 9.05 ms against 2.15 ms without coalescing, at RTT 0
+//!   and no loss). A steady stream is not cut short: for Poisson arrivals the
+//!   threshold is about 4.5 mean gaps, which one gap in 90 exceeds.
 
 use bytes::{Bytes, BytesMut};
 use quicsdn_wire::openflow::{Header, Kind};
@@ -51,6 +60,20 @@ pub const DEFAULT_MAX_HELD: usize = 4096;
 /// packet-in within milliseconds; a longer window only makes more bulk
 /// FLOW_MODs urgent, which costs bytes, never delay.
 pub const ANSWER_WINDOW: Duration = Duration::from_millis(100);
+
+/// A session's held messages leave once nothing has arrived for this many of
+/// its typical gaps between reads ([`Coalescer::quiet_after`]). For
+/// exponential (Poisson) gaps of mean m the geometric mean is m·e^−γ ≈ 0.56 m,
+/// so the threshold is ≈ 4.5 m, exceeded by e^−4.5 ≈ 1.1 % of gaps: a steady
+/// stream keeps its batching.
+pub const QUIET_FACTOR: f64 = 8.0;
+
+/// The shortest quiet spell that releases held messages: below it the
+/// process's timer granularity and the scheduler decide anyway.
+pub const QUIET_MIN: Duration = Duration::from_micros(500);
+
+/// Weight of a new gap in the running mean of log gaps.
+const GAP_WEIGHT: f64 = 1.0 / 16.0;
 
 /// Coalescing settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,6 +201,9 @@ pub enum FlushReason {
     Bytes,
     /// The tick came ([`Coalescer::deadline`]).
     Tick,
+    /// Nothing more arrived for a while: the end of a burst
+    /// ([`Coalescer::quiet_after`]).
+    Quiet,
 }
 
 /// One release of held messages, reported as data for the caller to record
@@ -208,6 +234,8 @@ pub struct Coalescer {
     /// When the oldest message past `release` arrived.
     held_since: Option<Instant>,
     last_arrival: Option<Instant>,
+    /// Running mean of ln(seconds) between reads less than a window apart.
+    log_gap: Option<f64>,
     last_packet_in: Option<Instant>,
     /// After a framing error everything passes as it comes; the Outbound
     /// reports the error after the messages before it.
@@ -231,6 +259,7 @@ impl Coalescer {
             release: 0,
             held_since: None,
             last_arrival: None,
+            log_gap: None,
             last_packet_in: None,
             // Raw services have no messages to classify: never held.
             passthrough: framing == Framing::Raw,
@@ -280,10 +309,13 @@ impl Coalescer {
     /// Bytes were appended to [`Coalescer::read_buf`] at `now`: classifies the
     /// messages they completed.
     pub fn arrived(&mut self, now: Instant) {
-        let isolated = self
-            .last_arrival
-            .is_none_or(|t| now.saturating_duration_since(t) >= self.cfg.window)
-            && self.release == self.scanned;
+        let gap = self.last_arrival.map(|t| now.saturating_duration_since(t));
+        let isolated = gap.is_none_or(|g| g >= self.cfg.window) && self.release == self.scanned;
+        if let Some(g) = gap.filter(|&g| g < self.cfg.window) {
+            // The pauses between bursts (a window or more) do not count.
+            let x = g.max(Duration::from_micros(1)).as_secs_f64().ln();
+            self.log_gap = Some(self.log_gap.map_or(x, |m| m + (x - m) * GAP_WEIGHT));
+        }
         self.last_arrival = Some(now);
         if self.passthrough {
             return;
@@ -352,12 +384,26 @@ impl Coalescer {
         self.last_packet_in = Some(now);
     }
 
-    /// When held messages must leave, if any are held.
+    /// How long without a read ends a burst: [`QUIET_FACTOR`] times the
+    /// geometric mean of the gaps between reads, from [`QUIET_MIN`] to the
+    /// window. `None` before the second read.
+    pub fn quiet_after(&self) -> Option<Duration> {
+        let m = self.log_gap?;
+        let d = Duration::try_from_secs_f64(QUIET_FACTOR * m.exp()).unwrap_or(self.cfg.window);
+        Some(d.clamp(QUIET_MIN, self.cfg.window.max(QUIET_MIN)))
+    }
+
+    /// When held messages must leave, if any are held: the next tick, or
+    /// earlier if the reads have gone quiet ([`Coalescer::quiet_after`]).
     pub fn deadline(&self) -> Option<Instant> {
         if self.passthrough {
             return None;
         }
-        self.held_since.map(|t| self.cfg.next_tick(t))
+        let tick = self.cfg.next_tick(self.held_since?);
+        match (self.quiet_after(), self.last_arrival) {
+            (Some(q), Some(last)) => Some(tick.min(last + q)),
+            _ => Some(tick),
+        }
     }
 
     /// The bytes that may leave at `now` (empty if none): whole messages, in the
@@ -371,7 +417,13 @@ impl Coalescer {
             return self.buf.split().freeze();
         }
         if self.deadline().is_some_and(|d| now >= d) {
-            self.release_held(now, FlushReason::Tick);
+            let tick = self.held_since.map(|t| self.cfg.next_tick(t));
+            let reason = if tick.is_some_and(|t| now >= t) {
+                FlushReason::Tick
+            } else {
+                FlushReason::Quiet
+            };
+            self.release_held(now, reason);
             self.release = self.scanned;
         }
         let out = self.buf.split_to(self.release);

@@ -1283,6 +1283,106 @@ mod coalescing {
         assert_eq!(co.flush().len(), 5);
     }
 
+    /// Drives `co` with one FLOW_MOD per read at `times` (µs after `epoch`),
+    /// waking at every deadline as the agent does; returns how long each
+    /// message waited (µs) and the releases' reasons.
+    fn drive(
+        co: &mut Coalescer,
+        epoch: Instant,
+        times: &[u64],
+    ) -> (Vec<u64>, Vec<coalesce::FlushReason>) {
+        let us = |n: u64| epoch + Duration::from_micros(n);
+        let mut waits = Vec::new();
+        let mut pending: std::collections::VecDeque<u64> = Default::default();
+        let mut reasons = Vec::new();
+        let mut release =
+            |co: &mut Coalescer, now: u64, pending: &mut std::collections::VecDeque<u64>| {
+                let n = co.take(us(now)).len() / 12;
+                for _ in 0..n {
+                    waits.push(now - pending.pop_front().expect("released what arrived"));
+                }
+                reasons.extend(co.take_flushes().map(|f| f.reason));
+            };
+        // The agent's timer fires at the deadline or just after (whole µs).
+        let fire = |d: Instant| d.duration_since(epoch).as_nanos().div_ceil(1000) as u64;
+        for (i, &t) in times.iter().enumerate() {
+            // Every deadline before this read, as the agent's timer.
+            while let Some(d) = co.deadline().filter(|&d| d < us(t)) {
+                release(co, fire(d), &mut pending);
+            }
+            co.read_buf()
+                .extend_from_slice(&of13::plain(of13::FLOW_MOD, i as u32, 0));
+            co.arrived(us(t));
+            pending.push_back(t);
+            release(co, t, &mut pending);
+        }
+        while let Some(d) = co.deadline() {
+            release(co, fire(d), &mut pending);
+        }
+        assert!(pending.is_empty());
+        (waits, reasons)
+    }
+
+    #[test]
+    fn a_bursts_tail_leaves_when_the_reads_go_quiet_not_at_the_tick() {
+        use coalesce::{FlushReason, QUIET_MIN};
+        let epoch = Instant::now();
+        let mut co = Coalescer::new(Framing::OpenFlow, MAX, config(epoch));
+        // Bursts of 10 reads 20 µs apart, 100 ms between bursts.
+        let times: Vec<u64> = (0..30u64)
+            .flat_map(|b| (0..10u64).map(move |i| 1_000 + b * 100_000 + i * 20))
+            .collect();
+        let (waits, reasons) = drive(&mut co, epoch, &times);
+        assert!(
+            co.quiet_after().unwrap() == QUIET_MIN,
+            "{:?}",
+            co.quiet_after()
+        );
+        // After the first burst (no gap known yet: the tick), the tail of
+        // each leaves QUIET_MIN after its last read at the latest.
+        let worst = waits[10..].iter().max().unwrap();
+        assert!(
+            *worst <= QUIET_MIN.as_micros() as u64 + 9 * 20,
+            "worst wait {worst} µs"
+        );
+        assert!(
+            reasons[1..].iter().all(|r| *r == FlushReason::Quiet),
+            "{reasons:?}"
+        );
+        // Never longer than a window, whatever the gaps.
+        assert!(waits.iter().all(|&w| w <= WINDOW.as_micros() as u64));
+    }
+
+    #[test]
+    fn a_steady_stream_keeps_waiting_for_the_tick() {
+        use coalesce::FlushReason;
+        let epoch = Instant::now();
+        let mut co = Coalescer::new(Framing::OpenFlow, MAX, config(epoch));
+        // Poisson arrivals, 500 reads/s (a mean gap of 2 ms), from a seeded
+        // generator: exponential gaps by inversion.
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut t = 1_000.0;
+        let times: Vec<u64> = (0..5_000)
+            .map(|_| {
+                let u = (rng.below(1 << 30) as f64 + 0.5) / (1u64 << 30) as f64;
+                t += -2_000.0 * u.ln();
+                t as u64
+            })
+            .collect();
+        let (waits, reasons) = drive(&mut co, epoch, &times);
+        let quiet = reasons.iter().filter(|r| **r == FlushReason::Quiet).count();
+        let ticks = reasons.iter().filter(|r| **r == FlushReason::Tick).count();
+        // About one gap in 90 exceeds the quiet threshold (module docs); a
+        // release by the tick carries ~5 messages, one by quiet ~2.
+        assert!(
+            quiet * 100 < 5 * reasons.len(),
+            "{quiet} quiet releases of {} ({ticks} by the tick)",
+            reasons.len()
+        );
+        let batched = waits.len() as f64 / reasons.len() as f64;
+        assert!(batched > 3.0, "{batched:.1} messages per release");
+    }
+
     #[test]
     fn malformed_input_passes_through_for_the_outbound_to_report() {
         let epoch = Instant::now();

@@ -504,7 +504,15 @@ pub async fn run(
         .as_ref()
         .and_then(|h| h.echo.clone())
         .filter(EchoAnswer::is_active);
-    let (replies_tx, replies_rx) = mpsc::unbounded_channel();
+    // Only then: a tokio channel allocates 32 slots at once, and every idle
+    // session would keep them (issue 18).
+    let (echo, replies_rx) = match echo {
+        Some(e) => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            (Some((e, tx)), Some(rx))
+        }
+        None => (None, None),
+    };
     let outbound = Outbound::new(
         service.framing,
         service.max_message,
@@ -547,7 +555,7 @@ pub async fn run(
         (coalescer, outbound),
         streams.send,
         lane_opener,
-        (events_rx, echo.map(|e| (e, replies_tx))),
+        (events_rx, echo),
         abort_rx.clone(),
         gate(true),
         (sent_meter, tap.clone(), info.direction),
@@ -1154,7 +1162,7 @@ async fn pump_in(
     main: (RecvStream, Bytes),
     lanes: (
         mpsc::UnboundedReceiver<Box<IncomingLane>>,
-        mpsc::UnboundedReceiver<Bytes>,
+        Option<mpsc::UnboundedReceiver<Bytes>>,
     ),
     events: mpsc::UnboundedSender<InboundEvent>,
     abort: watch::Receiver<Option<u32>>,
@@ -1227,7 +1235,7 @@ async fn pump_in_inner(
     main: (RecvStream, Bytes),
     (mut lanes, mut echo_replies): (
         mpsc::UnboundedReceiver<Box<IncomingLane>>,
-        mpsc::UnboundedReceiver<Bytes>,
+        Option<mpsc::UnboundedReceiver<Bytes>>,
     ),
     events: mpsc::UnboundedSender<InboundEvent>,
     mut abort: watch::Receiver<Option<u32>>,
@@ -1249,8 +1257,14 @@ async fn pump_in_inner(
                 return Poll::Ready(l.map_or(InEvent::NoMoreLanes, InEvent::NewLane));
             }
             // Between runs: the local peer gets whole messages only.
-            if let Poll::Ready(Some(reply)) = echo_replies.poll_recv(cx) {
-                return Poll::Ready(InEvent::EchoReply(reply));
+            if let Some(r) = echo_replies.as_mut()
+                && let Poll::Ready(reply) = r.poll_recv(cx)
+            {
+                match reply {
+                    Some(reply) => return Poll::Ready(InEvent::EchoReply(reply)),
+                    // The echo stand-in has stopped.
+                    None => echo_replies = None,
+                }
             }
             let n = feeds.len();
             for k in 0..n {

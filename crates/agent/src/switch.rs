@@ -969,11 +969,25 @@ async fn new_session(
             .open_session(service.clone(), local, preread, hello.clone())
             .await
         {
-            Outcome::Done => return,
+            Outcome::Done => {
+                if let Some(n) = echo_answered(&hello).filter(|&n| n > 0) {
+                    info!(
+                        switch = %inner.identity, service = %service.name,
+                        "answered {n} of OVS's echo requests in the controller's stead while the session waited for it"
+                    );
+                }
+                return;
+            }
             // The 0-RTT data was rejected: the same OVS connection, on the next link.
             Outcome::Retry { local: l, replay } => (local, preread) = (l, replay),
         }
     }
+}
+
+/// How many of OVS's echo requests the echo stand-in answered on this OVS
+/// connection, if it had one.
+fn echo_answered(hello: &Option<HelloWatch>) -> Option<u64> {
+    hello.as_ref()?.echo.as_ref().map(EchoAnswer::answered)
 }
 
 fn link_is_up(inner: &Inner) -> bool {

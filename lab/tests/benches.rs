@@ -19,7 +19,7 @@ fn serial() -> common::Serial {
 }
 
 fn all_transports() -> Vec<String> {
-    BenchTransport::ALL
+    BenchTransport::COMPARED
         .iter()
         .map(|t| t.as_str().to_string())
         .collect()

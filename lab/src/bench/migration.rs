@@ -295,7 +295,11 @@ fn push_flows(c: &mut Controller, xid: u32) -> Result<()> {
 /// The host-to-host transfer: a paced TCP sender in host 1, a receiver in host
 /// 2 counting bytes per 100 ms.
 struct Transfer {
+    /// Stops the sender, which then closes its side.
     stop: Arc<AtomicBool>,
+    /// Stops the receiver, once the sender has stopped: a receiver that
+    /// closed first would make the sender's last write fail (EPIPE).
+    stop_receiving: Arc<AtomicBool>,
     bins: Arc<Mutex<Vec<u64>>>,
     sender: std::thread::JoinHandle<Result<u64>>,
     receiver: std::thread::JoinHandle<Result<u64>>,
@@ -306,9 +310,10 @@ impl Transfer {
         let listener = in_netns(dst, || TcpListener::bind(("10.0.0.2", DATA_PORT)))?
             .context("listening in host 2")?;
         let stop = Arc::new(AtomicBool::new(false));
+        let stop_receiving = Arc::new(AtomicBool::new(false));
         let bins = Arc::new(Mutex::new(Vec::<u64>::new()));
         let receiver = {
-            let (stop, bins) = (stop.clone(), bins.clone());
+            let (stop, bins) = (stop_receiving.clone(), bins.clone());
             std::thread::spawn(move || -> Result<u64> {
                 let mut s = crate::bench::synth::accept_one(&listener, Duration::from_secs(20))?;
                 s.set_read_timeout(Some(Duration::from_millis(200)))?;
@@ -361,12 +366,14 @@ impl Transfer {
                         }
                         i += 1;
                     }
+                    let _ = s.shutdown(std::net::Shutdown::Write);
                     Ok(sent)
                 })?
             })
         };
         Ok(Transfer {
             stop,
+            stop_receiving,
             bins,
             sender,
             receiver,
@@ -378,7 +385,9 @@ impl Transfer {
         let sent = self
             .sender
             .join()
-            .map_err(|_| anyhow!("the sender panicked"))??;
+            .map_err(|_| anyhow!("the sender panicked"));
+        self.stop_receiving.store(true, Ordering::Relaxed);
+        let sent = sent??;
         let received = self
             .receiver
             .join()

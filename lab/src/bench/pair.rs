@@ -76,6 +76,20 @@ pub const OLD_DEFAULT_ARGS: [&str; 5] = [
 ];
 
 impl BenchTransport {
+    /// What the benches compare by default (their `--transports` lists):
+    /// all but `quic-old`, which a comparison names when it wants it.
+    pub const COMPARED: [BenchTransport; 8] = [
+        BenchTransport::Tcp,
+        BenchTransport::Tls,
+        BenchTransport::Quic,
+        BenchTransport::QuicRr16,
+        BenchTransport::QuicTuned,
+        BenchTransport::Kcptun,
+        BenchTransport::UdpSeed,
+        BenchTransport::UdpRobust,
+    ];
+
+    /// Every transport a bench takes.
     pub const ALL: [BenchTransport; 9] = [
         BenchTransport::Tcp,
         BenchTransport::Tls,

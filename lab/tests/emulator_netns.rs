@@ -215,14 +215,7 @@ fn delay_p50_is_within_0_2ms_of_50ms() {
     if !require_root() {
         return;
     }
-    let env = Env::new(
-        "dl",
-        11,
-        DirSettings {
-            delay_ns: 50 * MS,
-            ..Default::default()
-        },
-    );
+    let env = Env::new("dl", 11, DirSettings::default());
     let plan = SendPlan {
         count: 3000,
         payload: 100,
@@ -230,6 +223,20 @@ fn delay_p50_is_within_0_2ms_of_50ms() {
         realtime: true,
         ..Default::default()
     };
+    // What the path costs without a delay (the emulator's read and write, the
+    // kernel, the receiver's wake-up): on a busy VM its median alone can
+    // reach 0.2 ms, and it is not the emulator's delay.
+    let (sent0, zero) = env.udp_a_to_b(8999, plan.clone());
+    assert_eq!(zero.len() as u64, sent0);
+    let base = percentile(&delays_ms(&zero), 0.5);
+    env.link
+        .rec
+        .control()
+        .set_both(DirPatch {
+            delay_ns: Some(50 * MS),
+            ..Default::default()
+        })
+        .unwrap();
     let (sent, samples) = env.udp_a_to_b(9000, plan);
     assert_eq!(
         samples.len() as u64,
@@ -239,18 +246,25 @@ fn delay_p50_is_within_0_2ms_of_50ms() {
     let d = delays_ms(&samples);
     let (p0, p50, p99) = (d[0], percentile(&d, 0.5), percentile(&d, 0.99));
     eprintln!(
-        "one-way delay for 50ms: min {:.3} p50 {:.3} p99 {:.3} max {:.3} ms over {} frames",
+        "one-way delay for 50ms: min {:.3} p50 {:.3} p99 {:.3} max {:.3} ms over {} frames; p50 without delay {:.3} ms",
         ms(p0),
         ms(p50),
         ms(p99),
         ms(*d.last().unwrap()),
-        d.len()
+        d.len(),
+        ms(base)
     );
-    assert!((ms(p50) - 50.0).abs() <= 0.2, "p50 {} ms", ms(p50));
+    // The delay the emulator adds: the median over the undelayed path's.
+    let added = ms(p50 - base);
+    assert!(
+        (added - 50.0).abs() <= 0.2,
+        "p50 {} ms, {added} ms over the undelayed path",
+        ms(p50)
+    );
     // Released no earlier than read + 50 ms, and the read follows the send.
     assert!(ms(p0) >= 49.99, "min {} ms", ms(p0));
     let st = env.show();
-    assert_eq!(st.a_to_b.counters.total().offered.frames, sent);
+    assert_eq!(st.a_to_b.counters.total().offered.frames, sent0 + sent);
 }
 
 #[test]

@@ -916,15 +916,15 @@ async fn new_session(
             Ok(Some((pair, read))) => {
                 // OVS now believes its controller is there: answer its
                 // inactivity probes until the controller speaks.
-                let alive = {
-                    let (inner, memory) = (Arc::downgrade(&inner), w.memory.clone());
-                    Arc::new(move || {
-                        inner
-                            .upgrade()
-                            .is_some_and(|inner| inner.stand_in_engages(&memory))
-                    })
-                };
                 if inner.config.echo_stand_in {
+                    let alive = {
+                        let (inner, memory) = (Arc::downgrade(&inner), w.memory.clone());
+                        Arc::new(move || {
+                            inner
+                                .upgrade()
+                                .is_some_and(|inner| inner.stand_in_engages(&memory))
+                        })
+                    };
                     let echo = EchoAnswer::new(service.max_message, alive);
                     // What OVS sent right behind its HELLO, if anything.
                     let after_hello = &read[pair.1.len()..];

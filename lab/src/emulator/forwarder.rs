@@ -3,8 +3,9 @@
 //! One single-threaded process per link. It attaches to the link's two persistent TAP
 //! devices (entering each namespace with `setns` just long enough to open the TAP), then
 //! runs one epoll loop over: both TAP fds, a `CLOCK_MONOTONIC` timerfd armed with the
-//! earliest release time (absolute, so no drift and no 1 ms epoll rounding), the control
-//! socket, and a signalfd for SIGTERM/SIGINT/SIGHUP.
+//! earliest release time (absolute, so no drift and no 1 ms epoll rounding; early by the
+//! host's measured wake-up lateness, see [`super::wake`]), the control socket, and a
+//! signalfd for SIGTERM/SIGINT/SIGHUP.
 //!
 //! Each wake-up: read up to [`BATCH`] frames from each readable TAP into pooled buffers
 //! (timestamped individually), offer them to the model, then write every frame whose
@@ -24,6 +25,7 @@ use super::model::{Pipe, Verdict};
 use super::nat::{Nat, Side};
 use super::rng::Xoshiro256pp;
 use super::sys::{self, Epoll, TimerFd};
+use super::wake::WakePlanner;
 
 /// Frames read from one TAP per wake-up before servicing releases and the other TAP.
 pub const BATCH: usize = 64;
@@ -138,6 +140,7 @@ pub fn run(spec: LinkSpec) -> Result<()> {
     listener.set_nonblocking(true)?;
     let sigfd = sys::termination_signalfd()?;
     let mut timer = TimerFd::new()?;
+    let mut wake = WakePlanner::new();
     let epoll = Epoll::new()?;
     epoll.add(tap_a.as_raw_fd(), TOK_TAP[0])?;
     epoll.add(tap_b.as_raw_fd(), TOK_TAP[1])?;
@@ -192,7 +195,9 @@ pub fn run(spec: LinkSpec) -> Result<()> {
             (Some(x), Some(y)) => Some(x.min(y)),
             (x, y) => x.or(y),
         };
-        timer.arm(next).context("arming timerfd")?;
+        timer
+            .arm(wake.plan(sys::monotonic_ns(), next))
+            .context("arming timerfd")?;
         let n = epoll.wait(&mut events, true).context("epoll_wait")?;
         for ev in &events[..n] {
             let token = ev.u64;
@@ -208,7 +213,10 @@ pub fn run(spec: LinkSpec) -> Result<()> {
                         shutdown = true;
                     }
                 }
-                TOK_TIMER => timer.ack(),
+                TOK_TIMER => {
+                    wake.on_timer(sys::monotonic_ns());
+                    timer.ack();
+                }
                 TOK_LISTEN => accept_all(&listener, &epoll, &mut conns),
                 TOK_SIGNAL => {
                     eprintln!("link {l}: signal received, exiting");

@@ -13,6 +13,7 @@
 //!   injected clock (`now` arguments) and RNG ([`rng::RandomSource`]); counters per
 //!   protocol class ([`classify`]). All semantics are documented and unit-tested there.
 //! - [`forwarder`]: the process: epoll + timerfd (absolute deadlines) + TAP reads/writes.
+//! - [`wake`]: when to arm the timer, early by the host's measured wake-up lateness.
 //! - [`control`]: the JSON control protocol, [`LinkControl`] client, [`LinkReport`].
 //! - [`link`]: TAP setup, spawning and stopping forwarders, records for teardown.
 //! - [`cli`]: `quicsdn-lab emulate …`, `link …`, `bench emulator`.
@@ -71,6 +72,7 @@ pub mod rng;
 pub mod sys;
 pub mod traffic;
 pub mod units;
+pub mod wake;
 
 pub use classify::{Class, Classifier};
 pub use control::{Accounting, DirPatch, LinkControl, LinkReport, LinkState};

@@ -117,7 +117,11 @@ fn delay_quick_measures_every_message() {
             let mut seqs: Vec<u64> = rows.iter().map(|r| common::num(&csv, r, "seq")).collect();
             seqs.sort();
             seqs.dedup();
-            assert!(seqs.len() == rows.len() && rows.len() <= 30, "{t}");
+            // An unimpaired link: the seed profile may lose, but hardly does.
+            assert!(
+                seqs.len() == rows.len() && (28..=30).contains(&rows.len()),
+                "{t}"
+            );
             continue;
         }
         assert_eq!(rows.len(), 30, "{t}");
@@ -139,17 +143,19 @@ fn delay_quick_measures_every_message() {
 fn table1_quick_installs_configures_and_polls_with_real_ovs() {
     let _s = serial();
     let dir = tempfile::tempdir().unwrap();
+    // One transport of each family (TCP, QUIC, UDP): the quick overhead and
+    // delay benches above take every transport through the same lab pair.
     table1::run(table1::Table1Args {
         out: dir.path().to_path_buf(),
         quick: true,
-        transports: all_transports().join(","),
+        transports: "tcp,quic,udp-robust".into(),
         prefix: "qsdnB3".into(),
         agent_args: Vec::new(),
         no_plots: true,
     })
     .expect("table1 bench (it checks every flow, transaction and stats reply itself)");
     let csv = table1::read(dir.path()).expect("schema");
-    assert_eq!(csv.rows.len(), 8 * 6);
+    assert_eq!(csv.rows.len(), 3 * 6);
     for r in &csv.rows {
         assert!(common::num(&csv, r, "count") > 0);
         assert!(common::num(&csv, r, "wire_bytes") > 0, "{r:?}");
@@ -250,6 +256,7 @@ fn hol_quick_measures_every_cell_with_real_ovs() {
         quick: true,
         agent_args: Vec::new(),
         old_defaults: false,
+        seed: None,
         prefix: "qsdnB7".into(),
         no_plots: false,
     })

@@ -36,6 +36,7 @@ impl Setup {
                 jitter: Some(Duration::from_millis(3)),
                 loss_percent: Some(5.0),
                 rate_bps: None,
+                seed: None,
             },
             via,
             hosts: 0,

@@ -2,8 +2,10 @@
 //! (root: namespaces, emulated links, the real agents, real OVS): the
 //! robust profile's exactly-once, in-order delivery under 5 % loss, audited
 //! with the synthetic programs' sequence-stamped messages; the seed profile's
-//! loss and reordering counts against its mechanism; and every `--quick`
-//! bench with both. Prefixes `qsdnU2`…`qsdnU7`.
+//! loss and reordering counts against its mechanism; and the `--quick`
+//! table2 bench, whose UDP counters only these transports have. The quick
+//! overhead, delay and table1 benches run both with every other transport in
+//! `benches.rs`. Prefixes `qsdnU2`, `qsdnU3`, `qsdnU7`.
 
 mod common;
 
@@ -12,10 +14,10 @@ use std::time::Duration;
 
 use common::*;
 use quicsdn_lab::bench::cell::{self, CellSpec, Dir, key};
-use quicsdn_lab::bench::overhead::{self, OPENFLOW_SIZE, OVSDB_SIZE, OverheadArgs, link_settings};
+use quicsdn_lab::bench::overhead::link_settings;
 use quicsdn_lab::bench::pair::BenchTransport;
 use quicsdn_lab::bench::synth::{Schedule, Service};
-use quicsdn_lab::bench::{delay, table1, table2};
+use quicsdn_lab::bench::table2;
 
 /// 3000 messages each way on each service at 600/s, 5 % loss both ways.
 fn lossy_cell(prefix: &str, t: BenchTransport) -> cell::CellResult {
@@ -98,91 +100,6 @@ fn udp_seed_at_5_percent_loss_loses_about_p_to_the_fourth_and_reorders() {
     // Retransmitted messages arrive ~1 s late, behind later ones: counted, not
     // reordered (5 % of 12,000 sent within 5 s ≈ 600 retransmissions).
     assert!(late > 100, "only {late} out of order");
-}
-
-#[test]
-fn overhead_quick_with_udp_transports() {
-    let _s = serial();
-    require_root();
-    let dir = tempfile::tempdir().unwrap();
-    overhead::run(OverheadArgs {
-        no_plots: true,
-        ..quick_overhead_args(dir.path(), "qsdnU4", "udp-seed,udp-robust")
-    })
-    .expect("overhead bench");
-    let csv = overhead::read(dir.path()).expect("schema");
-    assert_eq!(csv.rows.len(), 2 * 2 * 2);
-    for r in &csv.rows {
-        let n = num(&csv, r, "messages");
-        let delivered = num(&csv, r, "delivered");
-        if r[0] == "udp-seed" {
-            // Seed may lose (not on this unimpaired link, in practice): what
-            // arrived is never more than what was sent.
-            assert!(delivered <= n, "{r:?}");
-        } else {
-            assert_eq!(delivered, n, "{r:?}");
-            let want = n.div_ceil(2) * OPENFLOW_SIZE as u64 + n / 2 * OVSDB_SIZE as u64;
-            assert_eq!(num(&csv, r, "payload_bytes"), want, "{r:?}");
-        }
-        assert!(num(&csv, r, "frames") > 0);
-        assert!(num(&csv, r, "ack_only_frames") < num(&csv, r, "frames"));
-    }
-}
-
-#[test]
-fn delay_quick_with_udp_transports() {
-    let _s = serial();
-    require_root();
-    let dir = tempfile::tempdir().unwrap();
-    delay::run(delay::DelayArgs {
-        out: dir.path().to_path_buf(),
-        quick: true,
-        transports: "udp-seed,udp-robust".into(),
-        sizes: None,
-        rtts: None,
-        losses: None,
-        reps: None,
-        pairs: 5,
-        prefix: "qsdnU5".into(),
-        no_plots: true,
-    })
-    .expect("delay bench");
-    let csv = delay::read(dir.path()).expect("schema");
-    for t in ["udp-seed", "udp-robust"] {
-        let rows: Vec<&Vec<String>> = csv.rows.iter().filter(|r| r[0] == t).collect();
-        let mut seqs: Vec<u64> = rows.iter().map(|r| num(&csv, r, "seq")).collect();
-        seqs.sort();
-        let n = seqs.len();
-        seqs.dedup();
-        assert_eq!(seqs.len(), n, "{t}: a message twice");
-        if t == "udp-robust" {
-            assert_eq!(seqs, (0..30).collect::<Vec<_>>(), "{t}: every message once");
-        } else {
-            assert!((28..=30).contains(&n), "{t}: {n} of 30");
-        }
-    }
-}
-
-#[test]
-fn table1_quick_with_udp_transports() {
-    let _s = serial();
-    require_root();
-    let dir = tempfile::tempdir().unwrap();
-    table1::run(table1::Table1Args {
-        out: dir.path().to_path_buf(),
-        quick: true,
-        transports: "udp-seed,udp-robust".into(),
-        prefix: "qsdnU6".into(),
-        agent_args: Vec::new(),
-        no_plots: true,
-    })
-    .expect("table1 bench (it checks every flow, transaction and stats reply itself)");
-    let csv = table1::read(dir.path()).expect("schema");
-    assert_eq!(csv.rows.len(), 2 * 6);
-    for r in &csv.rows {
-        assert!(num(&csv, r, "count") > 0);
-        assert!(num(&csv, r, "wire_bytes") > 0, "{r:?}");
-    }
 }
 
 #[test]

@@ -155,15 +155,28 @@ pub struct AckFrequency {
 
 /// The ACK frequency the agents ask for by default: an ACK every 17th
 /// ack-eliciting packet, or after at most the path's RTT (at least 25 ms, at most
-/// [`AUTO_ACK_DELAY_CAP`]): see [`requested_ack_delay`]. Loss recovery by packet
-/// threshold is not slowed: quinn asks for a reordering threshold of 2, so a gap
-/// (a lost packet) is acknowledged at once and detected as before
-/// (draft-ietf-quic-ack-frequency §6.2), and its probes carry IMMEDIATE_ACK (§5).
+/// [`AUTO_ACK_DELAY_CAP`]): see [`requested_ack_delay`]. Loss recovery is not
+/// slowed: the agents ask for a reordering threshold of 1 ([`REORDERING_THRESHOLD`]),
+/// so the first packet after a gap is acknowledged at once, as without the
+/// extension, and probes carry IMMEDIATE_ACK (draft-ietf-quic-ack-frequency §5).
 /// 16 is what `bench tuning` measured (docs/benchmarks.md).
 pub const DEFAULT_ACK_FREQUENCY: AckFrequency = AckFrequency {
     threshold: 16,
     max_delay: Some(AUTO_ACK_DELAY_CAP),
 };
+
+/// The reordering threshold the agents ask of the peer with the ACK frequency
+/// extension. In draft-ietf-quic-ack-frequency (§4, §6.2; quinn implements
+/// draft 04) 1 is the value without the extension, RFC 9000 §13.2.1's rule: "an endpoint SHOULD generate and send an ACK frame without
+/// delay when it receives an ack-eliciting packet [...] when the packet has a
+/// packet number larger than the highest-numbered ack-eliciting packet that has
+/// been received and there are missing packets between that packet and this
+/// packet". quinn's default, 2, waits for the second packet after a gap: on a
+/// sparse stream (PACKET_INs 10 ms apart) that is one message gap later, and a
+/// lost message, with every message queued behind it, is retransmitted that much
+/// later (`bench hol`, packet-in at 1 % loss). An extra ACK only when packets
+/// arrive out of order costs nothing measurable on the control link.
+pub const REORDERING_THRESHOLD: u32 = 1;
 
 /// `--ack-delay auto`, the default: the longest ACK delay the agents ask of the
 /// peer. quinn lowers the request to the path's smoothed RTT, and raises it to
@@ -302,7 +315,8 @@ pub fn transport_config(opts: &QuicOptions) -> Result<TransportConfig, TlsError>
     if let Some(af) = opts.ack_frequency {
         let mut cfg = quinn::AckFrequencyConfig::default();
         cfg.ack_eliciting_threshold(VarInt::from_u32(af.threshold))
-            .max_ack_delay(af.max_delay);
+            .max_ack_delay(af.max_delay)
+            .reordering_threshold(VarInt::from_u32(REORDERING_THRESHOLD));
         t.ack_frequency_config(Some(cfg));
     }
     Ok(t)

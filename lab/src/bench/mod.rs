@@ -42,6 +42,7 @@ pub mod report;
 pub mod sdudp;
 pub mod soak;
 pub mod stall;
+pub mod stats;
 pub mod storm;
 pub mod synth;
 pub mod table1;

@@ -28,6 +28,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::bench::stats::quantile;
+
 /// Size of each benchmark message, header included.
 const MESSAGE_LEN: usize = 100;
 
@@ -232,11 +234,6 @@ fn latency(mut writer: TcpStream, reader: TcpStream, count: u64, rate: u64) -> R
     Ok(delays)
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
 /// A path from a writer to the sink: connect, then accept the far end.
 type Connect<'a> = dyn FnMut() -> Result<(TcpStream, TcpStream)> + 'a;
 
@@ -374,8 +371,8 @@ pub fn run(args: RelayArgs) -> Result<()> {
             "{:<10} {:>14.0} {:>12.1} {:>12.1}   {}",
             name,
             best(r),
-            percentile(&r.delays, 0.5),
-            percentile(&r.delays, 0.99),
+            quantile(&r.delays, 0.5),
+            quantile(&r.delays, 0.99),
             fmt_runs(r)
         );
     }
@@ -384,8 +381,8 @@ pub fn run(args: RelayArgs) -> Result<()> {
         "agents / direct throughput: {:.2}x; added latency at {} msg/s: p50 {:+.1} µs, p99 {:+.1} µs",
         best(&agents_result) / best(&direct_result),
         args.rate,
-        percentile(&agents_result.delays, 0.5) - percentile(&direct_result.delays, 0.5),
-        percentile(&agents_result.delays, 0.99) - percentile(&direct_result.delays, 0.99),
+        quantile(&agents_result.delays, 0.5) - quantile(&direct_result.delays, 0.5),
+        quantile(&agents_result.delays, 0.99) - quantile(&direct_result.delays, 0.99),
     );
     Ok(())
 }

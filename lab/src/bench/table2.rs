@@ -26,6 +26,7 @@ use anyhow::{Result, bail};
 
 use crate::bench::out::{self, Csv, md_table};
 use crate::bench::pair::{BenchTransport, parse_transports};
+use crate::bench::stats;
 use crate::bench::table1::{
     self, OFPT_BARRIER_REQUEST, OFPT_ECHO_REQUEST, OfConn, OfEvent, flow_mod_add,
     flow_stats_request, header,
@@ -173,10 +174,14 @@ fn stats(v: &[f64]) -> (f64, f64, f64, f64, f64) {
     } else {
         0.0
     };
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    let q = |p: f64| s[((p * (s.len() - 1) as f64).round() as usize).min(s.len() - 1)];
-    (mean, sd, q(0.5), q(0.95), s[s.len() - 1])
+    let s = stats::sorted(v);
+    (
+        mean,
+        sd,
+        stats::quantile(&s, 0.5),
+        stats::quantile(&s, 0.95),
+        s[s.len() - 1],
+    )
 }
 
 /// Waits for an event matching `want` until `deadline`; `Ok(false)` if none came.

@@ -1013,12 +1013,12 @@ impl Bench {
     }
 }
 
+/// The `p`-th percentile (0–100) of `sorted`; NaN when it is empty.
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
-    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
+    crate::bench::stats::quantile(sorted, p / 100.0)
 }
 
 fn opt(v: Option<f64>) -> String {

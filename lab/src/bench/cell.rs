@@ -194,7 +194,12 @@ fn run_side(
         stop,
         done: done.clone(),
     };
-    let r = synth::run_end(svc, rd, wr, send, expect, ctl);
+    let end = match sender {
+        synth::Sender::Controller => "controller",
+        synth::Sender::Switch => "switch",
+    };
+    let r = synth::run_end(svc, rd, wr, send, expect, ctl)
+        .with_context(|| format!("the {end} program's {} connection", svc.name()));
     if let Err(e) = &r {
         let _ = done.send(Err(format!("{e:#}")));
     }
@@ -329,7 +334,7 @@ fn run_on(pair: &mut Pair, spec: &CellSpec) -> Result<CellResult> {
             let left = deadline.saturating_duration_since(Instant::now());
             match done_rx.recv_timeout(left) {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => bail!("{e}"),
+                Ok(Err(e)) => bail!("{e}\n{}", pair.log_tails(15)),
                 Err(_) => {
                     pair.check_alive()?;
                     bail!("not every message arrived within {:?}", spec.timeout);

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 
 use crate::bench::cell::{self, CellResult, CellSpec, Dir, key};
 use crate::bench::model::{self, Headers};
@@ -339,7 +339,8 @@ pub fn run(args: OverheadArgs) -> Result<()> {
                         dir: std::env::temp_dir().join(format!("{}-{}", args.prefix, t)),
                     };
                     let t0 = Instant::now();
-                    let r = cell::run(&spec)?;
+                    let r = cell::run(&spec)
+                        .with_context(|| format!("{rtt} RTT, {loss}% loss, {rate} msg/s, {t}"))?;
                     let rows = rows(
                         t,
                         rtt,

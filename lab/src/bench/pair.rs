@@ -532,6 +532,22 @@ impl Pair {
         Ok(())
     }
 
+    /// The last `lines` of every process's log, each under its name: what a
+    /// failed cell quotes, since the scratch directory goes with the pair.
+    pub fn log_tails(&self, lines: usize) -> String {
+        self.procs
+            .iter()
+            .map(|p| {
+                format!(
+                    "--- {}:\n{}",
+                    p.name,
+                    crate::process::log_tail(&p.log, lines)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// Where the controller program listens for `svc`.
     pub fn ctl_listen(&self, svc: Service) -> SocketAddr {
         let ip = match self.transport {

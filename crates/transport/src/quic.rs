@@ -167,15 +167,16 @@ pub const DEFAULT_ACK_FREQUENCY: AckFrequency = AckFrequency {
 
 /// The reordering threshold the agents ask of the peer with the ACK frequency
 /// extension. In draft-ietf-quic-ack-frequency (§4, §6.2; quinn implements
-/// draft 04) 1 is the value without the extension, RFC 9000 §13.2.1's rule: "an endpoint SHOULD generate and send an ACK frame without
-/// delay when it receives an ack-eliciting packet [...] when the packet has a
-/// packet number larger than the highest-numbered ack-eliciting packet that has
-/// been received and there are missing packets between that packet and this
+/// draft 04) 1 is the value without the extension, RFC 9000 §13.2.1's rule:
+/// "an endpoint SHOULD generate and send an ACK frame without delay when it
+/// receives an ack-eliciting packet [...] when the packet has a packet number
+/// larger than the highest-numbered ack-eliciting packet that has been
+/// received and there are missing packets between that packet and this
 /// packet". quinn's default, 2, waits for the second packet after a gap: on a
-/// sparse stream (PACKET_INs 10 ms apart) that is one message gap later, and a
-/// lost message, with every message queued behind it, is retransmitted that much
-/// later (`bench hol`, packet-in at 1 % loss). An extra ACK only when packets
-/// arrive out of order costs nothing measurable on the control link.
+/// sparse stream (PACKET_INs 10 ms apart) that is one message later, and a
+/// lost message, with every message queued behind it, is retransmitted that
+/// much later (`bench hol`, packet-in at 1 % loss). An extra ACK only when
+/// packets arrive out of order costs nothing measurable on the control link.
 pub const REORDERING_THRESHOLD: u32 = 1;
 
 /// `--ack-delay auto`, the default: the longest ACK delay the agents ask of the

@@ -447,6 +447,7 @@ pub fn run(args: HolArgs) -> Result<()> {
          alone.\n\n",
     );
     md += &out::provenance();
+    md += &format!("- loss seed: {seed} (`--seed {seed}` repeats the loss draws)\n");
     if args.old_defaults {
         md += &format!(
             "- *quic (old defaults)*: the agents, stream mode `safe`, with the defaults before issue 13 (`{}`), measured in the same run\n",

@@ -327,7 +327,7 @@ pub fn read(dir: &std::path::Path) -> Result<Csv> {
     Csv::read(&dir.join("hol.csv"), &COLUMNS)
 }
 
-fn stats(samples: &[f64]) -> (f64, f64, f64) {
+fn p50_p99_mean(samples: &[f64]) -> (f64, f64, f64) {
     let s = stats::sorted(samples);
     (
         stats::quantile(&s, 0.5),
@@ -464,11 +464,11 @@ pub fn run(args: HolArgs) -> Result<()> {
     let mut rows = Vec::new();
     println!();
     for c in &cells {
-        let (p50, p99, mean) = stats(&c.samples);
+        let (p50, p99, mean) = p50_p99_mean(&c.samples);
         let tcp = cells
             .iter()
             .find(|b| b.bench == c.bench && b.loss == c.loss && b.transport == Transport::Tcp)
-            .map(|b| stats(&b.samples))
+            .map(|b| p50_p99_mean(&b.samples))
             .expect("tcp measured");
         let vs = |x: f64, base: f64| format!("{:+.0}%", (x / base - 1.0) * 100.0);
         let excess =

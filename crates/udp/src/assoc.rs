@@ -220,7 +220,9 @@ impl Association {
             self.channels.insert(
                 ch,
                 Channel {
-                    tx: Sender::new(profile, &self.config),
+                    // The control channel's receiver parses each chunk as one
+                    // JSON message: its messages never share a packet.
+                    tx: Sender::new(profile, &self.config, ch != CONTROL),
                     rx: Receiver::new(profile, &self.config),
                 },
             );

@@ -94,6 +94,9 @@ struct SentPacket {
     last: bool,
     kind: MessageKind,
     sent_at: Option<Instant>,
+    /// Order of its latest transmission among all of the sender's transmissions:
+    /// what loss detection compares, since a retransmission keeps its `seq`.
+    sent_order: u64,
     transmissions: u32,
     state: State,
 }
@@ -147,6 +150,9 @@ impl Rtt {
 #[derive(Debug)]
 pub(crate) struct Sender {
     profile: Profile,
+    /// Robust sessions: a message queued behind others joins the last unsent
+    /// packet if it fits (see [`Sender::push`]).
+    coalesce: bool,
     max_payload: usize,
     max_retransmits: u32,
     min_rto: Duration,
@@ -157,6 +163,10 @@ pub(crate) struct Sender {
     lost: BTreeSet<u32>,
     /// Packets in flight (sent, not acknowledged, not deemed lost).
     pipe: u32,
+    /// Transmissions so far; the next one's `sent_order`.
+    transmissions: u64,
+    /// Highest `seq` ever transmitted (the unsent ones above it do not count).
+    highest_sent: u32,
     /// Last seq of each message not yet fully acknowledged, in order.
     message_ends: VecDeque<u32>,
     /// Messages fully acknowledged (or given up) since the last call to
@@ -184,7 +194,8 @@ pub(crate) struct Sender {
     /// does not grow.
     fast_recovery: bool,
     peer_window: u32,
-    highest_acked: u32,
+    /// `sent_order` of the latest transmission acknowledged so far.
+    largest_acked_order: u64,
     pub(crate) failed: Option<String>,
     pub(crate) stats: ChannelStats,
 }
@@ -193,12 +204,15 @@ pub(crate) struct Sender {
 const INITIAL_WINDOW: u32 = 10;
 /// Packet reordering threshold for loss detection (RFC 9002 §6.1.1's
 /// kPacketThreshold, the SACK form of RFC 5681's three duplicate ACKs).
-const PACKET_THRESHOLD: u32 = 3;
+const PACKET_THRESHOLD: u64 = 3;
 
 impl Sender {
-    pub(crate) fn new(profile: Profile, config: &Config) -> Sender {
+    /// `coalesce`: whether messages may share a packet; not where the receiver
+    /// reads each chunk as one message (the control channel's JSON).
+    pub(crate) fn new(profile: Profile, config: &Config, coalesce: bool) -> Sender {
         Sender {
             profile,
+            coalesce: coalesce && profile == Profile::Robust,
             max_payload: config.max_datagram.saturating_sub(DATA_HEADER_LEN).max(1),
             max_retransmits: config.max_retransmits,
             min_rto: config.min_rto,
@@ -208,6 +222,8 @@ impl Sender {
             unsent: VecDeque::new(),
             lost: BTreeSet::new(),
             pipe: 0,
+            transmissions: 0,
+            highest_sent: 0,
             message_ends: VecDeque::new(),
             released: 0,
             timers: BTreeSet::new(),
@@ -225,7 +241,7 @@ impl Sender {
             recovery: None,
             fast_recovery: false,
             peer_window: config.recv_window,
-            highest_acked: 0,
+            largest_acked_order: 0,
             failed: None,
             stats: ChannelStats::default(),
         }
@@ -254,7 +270,31 @@ impl Sender {
     }
 
     /// Queues a message; errors if one datagram cannot carry it under seed.
+    ///
+    /// Robust sessions: a data message that fits in the last queued packet, still
+    /// unsent and holding whole data messages, joins it. That happens only while
+    /// the window holds packets back (an open window sends each message as it is
+    /// queued), so nothing waits longer than it would have; a backlog then leaves
+    /// in full packets, as TCP's does, and the congestion window, which counts
+    /// packets, carries as many bytes as TCP's. The receiver hands the agent one
+    /// chunk with the messages' bytes back to back, which is what its local byte
+    /// stream needs.
     pub(crate) fn push(&mut self, kind: MessageKind, payload: Vec<u8>) -> Result<(), String> {
+        if self.coalesce
+            && kind == MessageKind::Data
+            && let Some(&tail) = self.unsent.back()
+            && let Some(p) = self.packets.get_mut(&tail)
+            && p.kind == MessageKind::Data
+            && p.first
+            && p.last
+            && p.payload.len() + payload.len() <= self.max_payload
+        {
+            p.payload.extend_from_slice(&payload);
+            // Its end is the tail packet's: released when that is acknowledged.
+            self.message_ends.push_back(tail);
+            self.stats.messages_sent += 1;
+            return Ok(());
+        }
         let chunks: Vec<Vec<u8>> = match self.profile {
             Profile::Seed => {
                 // One message per datagram, as the paper does; IP fragments larger
@@ -289,6 +329,7 @@ impl Sender {
                     last: i + 1 == n,
                     kind,
                     sent_at: None,
+                    sent_order: 0,
                     transmissions: 0,
                     state: State::Unsent,
                 },
@@ -335,6 +376,9 @@ impl Sender {
         }
         p.transmissions += 1;
         p.sent_at = Some(now);
+        self.transmissions += 1;
+        p.sent_order = self.transmissions;
+        self.highest_sent = self.highest_sent.max(seq);
         p.state = State::InFlight;
         self.pipe += 1;
         self.stats.packets_sent += 1;
@@ -449,8 +493,12 @@ impl Sender {
             self.rtt.sample(now.saturating_duration_since(sent));
             self.backoff = 0;
         }
-        let newest = acked.iter().map(|(s, _)| *s).max().expect("non-empty");
-        self.highest_acked = self.highest_acked.max(newest);
+        let newest = acked
+            .iter()
+            .map(|(_, p)| p.sent_order)
+            .max()
+            .expect("non-empty");
+        self.largest_acked_order = self.largest_acked_order.max(newest);
         let una = self
             .packets
             .first_key_value()
@@ -479,13 +527,17 @@ impl Sender {
                 }
             }
         }
-        // Loss detection: a packet sent PACKET_THRESHOLD or more before one that has
-        // been acknowledged is lost (RFC 5681 §3.2's fast retransmit, on SACK).
-        let threshold = self.highest_acked.saturating_sub(PACKET_THRESHOLD);
+        // Loss detection, RFC 9002 §6.1.1: "The packet ... was sent kPacketThreshold
+        // packets before an acknowledged packet". Sent, not numbered: a
+        // retransmission keeps its seq, and comparing seqs would declare it lost
+        // again on every ACK of newer data, long before it could arrive. (An ACK
+        // of a retransmitted packet counts its latest transmission; if the first
+        // one arrived instead, packets sent in between may be resent early.)
+        let threshold = self.largest_acked_order.saturating_sub(PACKET_THRESHOLD);
         let lost: Vec<u32> = self
             .packets
-            .range(..=threshold)
-            .filter(|(_, p)| p.state == State::InFlight)
+            .iter()
+            .filter(|(_, p)| p.state == State::InFlight && p.sent_order <= threshold)
             .map(|(s, _)| *s)
             .collect();
         if !lost.is_empty() {
@@ -498,7 +550,9 @@ impl Sender {
                 self.ssthresh = (before_pipe / 2).max(2);
                 self.cwnd = self.ssthresh;
                 self.cwnd_acc = 0;
-                self.recovery = Some(self.next_seq - 1);
+                // RFC 6582 §3.2 (2): "recover" is "the highest sequence number
+                // transmitted"; queued packets were not.
+                self.recovery = Some(self.highest_sent);
                 self.fast_recovery = true;
             }
         }
@@ -609,7 +663,7 @@ impl Sender {
                 self.ssthresh = (self.pipe / 2).max(2);
                 self.cwnd = 1;
                 self.cwnd_acc = 0;
-                self.recovery = Some(self.next_seq - 1);
+                self.recovery = Some(self.highest_sent);
                 self.fast_recovery = false;
                 // RFC 6298 (5.4): "Retransmit the earliest segment that has not been
                 // acknowledged by the TCP receiver." Everything in flight is resent as

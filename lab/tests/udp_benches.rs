@@ -145,7 +145,14 @@ fn table2_quick_measures_every_metric_and_reads_the_agents_counters() {
             for r in &rows {
                 let sent = num(&counters, r, "sent");
                 assert!(sent > 30, "{r:?}");
-                assert!(num(&counters, r, "packets") >= sent, "{r:?}");
+                let packets = num(&counters, r, "packets");
+                if t == "udp-seed" {
+                    // One datagram per message, and its retransmissions.
+                    assert!(packets >= sent, "{r:?}");
+                } else {
+                    // Messages queued behind a full window share packets.
+                    assert!(packets > 0, "{r:?}");
+                }
             }
             if cond == "unimpaired" {
                 assert!(rows.iter().all(|r| num(&counters, r, "given_up") == 0));

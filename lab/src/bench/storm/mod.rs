@@ -779,64 +779,77 @@ impl Bench {
         let host_rss0 = procs::status_kib(std::process::id(), "VmRSS").unwrap_or(0);
         let result = (|| -> Result<(Steady, Vec<Restart>)> {
             let switch_proc = self.spawn_switch(n, cfg)?;
-            // Switches 1..n-1: here, or in shard processes of contiguous ranges.
-            let mut agents = Vec::new();
-            let mut shards = Vec::new();
-            let ids: Vec<usize> = (1..n).collect();
-            if self.shards == 0 {
-                agents = start_agents(rt, &ids, |i| {
-                    switch_config(&self.work, &self.pki, self.port, i, cfg)
-                })?;
-            } else {
-                let lab = self.lab.as_deref().expect("shards need the lab binary");
-                for (k, range) in ids
-                    .chunks(ids.len().div_ceil(self.shards).max(1))
-                    .enumerate()
-                {
-                    let (first, last) = (range[0], range[range.len() - 1]);
-                    let log = self.work.join(format!("shard{k}-{}.log", cfg.name));
-                    let limit = Duration::from_secs(60 + range.len() as u64 / 10);
-                    shards.push(shard::Shard::start(
-                        lab,
-                        shard::spec(self.port, first, last, cfg, &self.work),
-                        &log,
-                        limit,
-                    )?);
-                    println!("shard {k}: switches {first}..={last} connected");
-                }
-                for s in &mut shards {
-                    s.go()?;
-                }
-            }
-            let here: Vec<usize> = if self.shards == 0 {
-                (1..=n).collect()
-            } else {
-                vec![n]
-            };
-            let hosts = Hosts {
-                fleet: Fleet::start(
-                    here.iter()
-                        .map(|&i| (self.work.join(format!("sw{i}.sock")), i as u64))
-                        .collect(),
-                    OvsTiming::default(),
-                )?,
-                shards,
-            };
-            let outcome = self.measure(
-                cfg,
-                &mut ctl,
-                &hosts,
-                ctl_rss_empty,
-                host_rss0,
-                &switch_proc,
-            );
-            drop(hosts);
+            // Stopped on every way out, a shard or the fleet that failed to start
+            // included (it was left running then).
+            let outcome =
+                self.with_switch(rt, n, cfg, &mut ctl, ctl_rss_empty, host_rss0, &switch_proc);
             let _ = switch_proc.terminate(Duration::from_secs(10));
-            stop_agents(rt, agents);
             outcome
         })();
         let _ = ctl.proc.terminate(Duration::from_secs(10));
         result
+    }
+
+    /// Starts switches 1..n-1 and the fleet beside the switch agent of switch n,
+    /// and measures.
+    #[allow(clippy::too_many_arguments)] // One run's parts, from its one caller.
+    fn with_switch(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        n: usize,
+        cfg: &StormConfig,
+        ctl: &mut CtlAgent,
+        ctl_rss_empty: u64,
+        host_rss0: u64,
+        switch_proc: &ProcRecord,
+    ) -> Result<(Steady, Vec<Restart>)> {
+        // Switches 1..n-1: here, or in shard processes of contiguous ranges.
+        let mut agents = Vec::new();
+        let mut shards = Vec::new();
+        let ids: Vec<usize> = (1..n).collect();
+        if self.shards == 0 {
+            agents = start_agents(rt, &ids, |i| {
+                switch_config(&self.work, &self.pki, self.port, i, cfg)
+            })?;
+        } else {
+            let lab = self.lab.as_deref().expect("shards need the lab binary");
+            for (k, range) in ids
+                .chunks(ids.len().div_ceil(self.shards).max(1))
+                .enumerate()
+            {
+                let (first, last) = (range[0], range[range.len() - 1]);
+                let log = self.work.join(format!("shard{k}-{}.log", cfg.name));
+                let limit = Duration::from_secs(60 + range.len() as u64 / 10);
+                shards.push(shard::Shard::start(
+                    lab,
+                    shard::spec(self.port, first, last, cfg, &self.work),
+                    &log,
+                    limit,
+                )?);
+                println!("shard {k}: switches {first}..={last} connected");
+            }
+            for s in &mut shards {
+                s.go()?;
+            }
+        }
+        let here: Vec<usize> = if self.shards == 0 {
+            (1..=n).collect()
+        } else {
+            vec![n]
+        };
+        let hosts = Hosts {
+            fleet: Fleet::start(
+                here.iter()
+                    .map(|&i| (self.work.join(format!("sw{i}.sock")), i as u64))
+                    .collect(),
+                OvsTiming::default(),
+            )?,
+            shards,
+        };
+        let outcome = self.measure(cfg, ctl, &hosts, ctl_rss_empty, host_rss0, switch_proc);
+        drop(hosts);
+        stop_agents(rt, agents);
+        outcome
     }
 
     fn wait_all_live(&self, limit: Duration) -> Result<()> {

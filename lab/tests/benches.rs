@@ -82,6 +82,7 @@ fn overhead_quick_delivers_every_message_over_every_transport() {
     );
     let md = std::fs::read_to_string(dir.path().join("overhead.md")).unwrap();
     assert!(md.contains("quic-tuned overhead"), "{md}");
+    assert!(md.contains("- loss seed: "), "{md}");
     assert!(
         dir.path()
             .join("overhead-short.png")

@@ -37,6 +37,7 @@ fn lossy_cell(prefix: &str, t: BenchTransport) -> cell::CellResult {
     cell::run(&CellSpec {
         prefix: prefix.into(),
         transport: t,
+        link_seed: None,
         link: link_settings(0.002, 0.0, 5.0),
         schedules,
         settle: Duration::from_millis(300),

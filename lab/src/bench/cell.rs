@@ -51,6 +51,8 @@ pub struct CellSpec {
     pub prefix: String,
     pub transport: BenchTransport,
     pub link: DirSettings,
+    /// The link's loss seed: see [`PairSpec::link_seed`].
+    pub link_seed: Option<u64>,
     /// What each side sends on each service.
     pub schedules: BTreeMap<(Dir, ServiceKey), Schedule>,
     /// Wait after the last message arrived before reading the counters.
@@ -222,6 +224,7 @@ pub fn run(spec: &CellSpec) -> Result<CellResult> {
         prefix: spec.prefix.clone(),
         transport: spec.transport,
         link: spec.link.clone(),
+        link_seed: spec.link_seed,
         agent_args: spec.agent_args.clone(),
         dir: spec.dir.clone(),
     })

@@ -125,6 +125,7 @@ pub fn run(args: DelayArgs) -> Result<()> {
                     let spec = CellSpec {
                         prefix: args.prefix.clone(),
                         transport: t,
+                        link_seed: None,
                         link: DirSettings {
                             delay_ns: rtt * 1_000_000 / 2,
                             loss: if loss > 0.0 {

@@ -169,6 +169,7 @@ fn transfer(args: &ModelArgs, csv: &mut Csv) -> Result<()> {
         let r = cell::run(&CellSpec {
             prefix: args.prefix.clone(),
             transport: t,
+            link_seed: None,
             link: DirSettings::default(),
             schedules,
             settle: Duration::from_millis(300),

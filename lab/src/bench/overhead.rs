@@ -80,6 +80,11 @@ pub struct OverheadArgs {
     /// Extra argument for both quicsdn agents (repeatable), e.g. --agent-arg=--keepalive=5s.
     #[arg(long = "agent-arg", allow_hyphen_values = true)]
     pub agent_args: Vec<String>,
+    /// The emulator's loss seed. Every transport of a cell meets the same loss
+    /// and jitter draws (each cell its own); without it, one is drawn per run
+    /// and printed.
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Name prefix of the bench's namespaces (at most 12 characters).
     #[arg(long, default_value = "qsdnbench")]
     pub prefix: String,
@@ -301,6 +306,10 @@ pub fn run(args: OverheadArgs) -> Result<()> {
     std::fs::create_dir_all(&args.out)?;
     let mut csv = Csv::new(HEADER);
     let started = Instant::now();
+    let loss_seed = args
+        .seed
+        .unwrap_or_else(crate::emulator::rng::Xoshiro256pp::entropy_seed);
+    println!("loss seed {loss_seed} (--seed {loss_seed} repeats this run's loss draws)");
     let mut seed = 1u64;
     for rtt in &rtts {
         let (mean, sd) = rtt_setting(rtt)?;
@@ -317,6 +326,9 @@ pub fn run(args: OverheadArgs) -> Result<()> {
                     .messages
                     .unwrap_or(default_messages_for(rate, rtt, args.quick));
                 let sched = schedules(rate, n, seed);
+                // The same draws for every transport of the cell: their loss
+                // counts then differ by how many packets each sent, not by luck.
+                let link_seed = loss_seed ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
                 seed += 1;
                 for &t in &transports {
                     let span = sched
@@ -327,6 +339,7 @@ pub fn run(args: OverheadArgs) -> Result<()> {
                     let spec = CellSpec {
                         prefix: args.prefix.clone(),
                         transport: t,
+                        link_seed: Some(link_seed),
                         link: link_settings(mean, sd, loss),
                         schedules: sched.clone(),
                         settle: Duration::from_secs_f64(0.3 + 3.0 * mean),
@@ -381,7 +394,7 @@ pub fn run(args: OverheadArgs) -> Result<()> {
     } else {
         out::plot("overhead", &args.out)?
     };
-    let md = summary(&csv, &args, started.elapsed(), &plots)?;
+    let md = summary(&csv, &args, loss_seed, started.elapsed(), &plots)?;
     std::fs::write(args.out.join("overhead.md"), md)?;
     println!("wrote {}", args.out.display());
     Ok(())
@@ -414,11 +427,20 @@ pub fn cell_totals(csv: &Csv) -> BTreeMap<(String, String, String, String), [f64
 /// The paper's headline numbers (journal §5.1): the largest reductions.
 pub const PAPER_MAX_REDUCTION: [(&str, f64); 2] = [("short", 82.0), ("long", 80.0)];
 
-fn summary(csv: &Csv, args: &OverheadArgs, took: Duration, plots: &[PathBuf]) -> Result<String> {
+fn summary(
+    csv: &Csv,
+    args: &OverheadArgs,
+    loss_seed: u64,
+    took: Duration,
+    plots: &[PathBuf],
+) -> Result<String> {
     let totals = cell_totals(csv);
     let mut s = String::from("# Control-traffic overhead (journal Figs. 8–9)\n\n");
     s += &out::provenance();
     s += &format!("- run time: {:.0} s\n", took.as_secs_f64());
+    s += &format!(
+        "- loss seed: {loss_seed} (`--seed {loss_seed}` repeats the loss draws; every transport of a cell meets the same draws)\n"
+    );
     s += &format!(
         "- workload per cell: in each direction, half OpenFlow ({OPENFLOW_SIZE} B messages) and half OVSDB ({OVSDB_SIZE} B), independent Poisson processes; messages per direction: {}\n",
         describe_counts(csv)

@@ -282,6 +282,9 @@ pub struct PairSpec {
     pub transport: BenchTransport,
     /// Both directions of the control link.
     pub link: DirSettings,
+    /// The link's loss seed (`None`: a fresh one). Benches that compare
+    /// transports give each the same, so their links draw the same losses.
+    pub link_seed: Option<u64>,
     /// Extra `quicsdn` arguments for both agents (tuning experiments).
     pub agent_args: Vec<String>,
     /// Scratch directory for certificates and logs.
@@ -360,6 +363,7 @@ impl Pair {
         .with_settings(spec.link.clone());
         ls.tap_a = format!("{}-la", spec.prefix);
         ls.tap_b = format!("{}-lb", spec.prefix);
+        ls.seed = spec.link_seed;
         pair.link = Some(emulator::create_link(&ls, &crate::agents::lab_binary()?)?);
         let mut spec = spec.clone();
         spec.agent_args.splice(0..0, spec.transport.agent_args());

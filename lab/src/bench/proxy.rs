@@ -402,6 +402,7 @@ pub fn run(args: ProxyArgs) -> Result<()> {
                 let spec = crate::bench::pair::PairSpec {
                     prefix: "q14pb".into(),
                     transport: crate::bench::pair::BenchTransport::Tcp,
+                    link_seed: None,
                     link: link_settings(rate, &args.rtt, loss)?,
                     agent_args: vec![],
                     dir: dir.path().join("pair"),

@@ -87,6 +87,7 @@ fn overhead_cell(
     let r = cell::run(&CellSpec {
         prefix: args.prefix.clone(),
         transport: t,
+        link_seed: None,
         link: link_settings(mean, sd, 1.0),
         schedules: schedules(rate, n, 7),
         settle: Duration::from_millis(300),
@@ -110,6 +111,7 @@ fn delay_cell(args: &TuningArgs, a: &[String], rtt_ms: u64, reps: u64) -> Result
     let r = cell::run(&CellSpec {
         prefix: args.prefix.clone(),
         transport: BenchTransport::Quic,
+        link_seed: None,
         link: DirSettings {
             delay_ns: rtt_ms * 500_000,
             loss: LossModel::Bernoulli { p: 0.01 },

@@ -250,6 +250,7 @@ pub fn quick_overhead_args(out: &Path, prefix: &str, transports: &str) -> Overhe
         long_rates: None,
         messages: None,
         agent_args: Vec::new(),
+        seed: None,
         prefix: prefix.into(),
         no_plots: false,
     }

@@ -1,7 +1,7 @@
 //! The UDP transport (`--transport udp`): its datagram decoder, one
 //! association fed whatever anyone can send it, and two associations whose
-//! robust channels must reassemble every message once and in order over any
-//! network, or fail visibly.
+//! robust channels must deliver every message's bytes once and in order over
+//! any network, or fail visibly.
 
 use arbitrary::{Arbitrary, Unstructured};
 use quicsdn_udp::packet::{self, Packet};
@@ -262,9 +262,13 @@ struct Side {
     /// Datagrams in flight towards this side.
     incoming: Vec<Vec<u8>>,
     closed: bool,
-    /// Per channel: whole messages received, and the one being reassembled.
+    /// Per channel: whole messages received, and the one being reassembled
+    /// (seed: one message per chunk).
     messages: BTreeMap<u16, Vec<Vec<u8>>>,
     partial: BTreeMap<u16, Vec<u8>>,
+    /// Per channel: every byte received, in order (robust: queued messages
+    /// share packets, so a chunk may hold several).
+    bytes: BTreeMap<u16, Vec<u8>>,
 }
 
 impl Side {
@@ -275,6 +279,7 @@ impl Side {
             closed: false,
             messages: BTreeMap::new(),
             partial: BTreeMap::new(),
+            bytes: BTreeMap::new(),
         }
     }
 
@@ -283,6 +288,10 @@ impl Side {
         peer.extend(transmit(a, now));
         for ch in a.readable() {
             while let Some(c) = a.recv(ch) {
+                self.bytes
+                    .entry(ch)
+                    .or_default()
+                    .extend_from_slice(&c.payload);
                 let p = self.partial.entry(ch).or_default();
                 p.extend_from_slice(&c.payload);
                 if c.end {
@@ -416,9 +425,14 @@ pub fn udp_reassembly(data: &[u8]) {
     while now < deadline && !client.closed && !server.closed {
         step(&mut client, &mut server, now);
         let in_flight = !client.incoming.is_empty() || !server.incoming.is_empty();
-        let done = sent
-            .iter()
-            .all(|(ch, m)| server.messages.get(ch).map_or(0, Vec::len) == m.len());
+        let done = sent.iter().all(|(ch, m)| {
+            if robust {
+                let want: usize = m.iter().map(Vec::len).sum();
+                server.bytes.get(ch).map_or(0, Vec::len) == want
+            } else {
+                server.messages.get(ch).map_or(0, Vec::len) == m.len()
+            }
+        });
         if done && !in_flight {
             break;
         }
@@ -452,33 +466,42 @@ pub fn udp_reassembly(data: &[u8]) {
         }
     }
     step(&mut client, &mut server, now);
-    for (ch, got) in &server.messages {
-        let want = sent.get(ch).map_or(&[][..], Vec::as_slice);
-        if robust {
-            // Robust: exactly the messages sent, in order (a prefix, if it closed).
+    if robust {
+        // Robust: exactly the bytes sent, in order (a prefix, if it closed).
+        for (ch, got) in &server.bytes {
+            let want: Vec<u8> = sent
+                .get(ch)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .copied()
+                .collect();
             assert!(
                 got.len() <= want.len(),
-                "channel {ch}: more messages than sent"
+                "channel {ch}: more bytes than sent"
             );
-            assert_eq!(
-                &want[..got.len()],
-                &got[..],
+            assert!(
+                want[..got.len()] == got[..],
                 "channel {ch}: lost, duplicated or reordered"
             );
-        } else {
-            // Seed may lose and reorder, but neither invents nor duplicates.
+        }
+        if !client.closed && !server.closed {
+            for (ch, m) in &sent {
+                let want: usize = m.iter().map(Vec::len).sum();
+                let got = server.bytes.get(ch).map_or(0, Vec::len);
+                assert_eq!(got, want, "channel {ch}: bytes silently lost");
+            }
+        }
+    } else {
+        // Seed may lose and reorder, but neither invents nor duplicates.
+        for (ch, got) in &server.messages {
+            let want = sent.get(ch).map_or(&[][..], Vec::as_slice);
             let sent: std::collections::BTreeSet<&Vec<u8>> = want.iter().collect();
             let mut seen = std::collections::BTreeSet::new();
             for m in got {
                 assert!(sent.contains(m), "channel {ch}: a message nobody sent");
                 assert!(seen.insert(m.clone()), "channel {ch}: a duplicate");
             }
-        }
-    }
-    if robust && !client.closed && !server.closed {
-        for (ch, want) in &sent {
-            let got = server.messages.get(ch).map_or(0, Vec::len);
-            assert_eq!(got, want.len(), "channel {ch}: messages silently lost");
         }
     }
 }

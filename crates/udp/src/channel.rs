@@ -2,10 +2,11 @@
 //! and a [`Receiver`] for what the peer sends, each following the channel's
 //! [`Profile`].
 //!
-//! Packets carry one message (seed) or one fragment of a message (robust), and
-//! are numbered from 1 per channel and direction. The receiver hands the
-//! application [`Chunk`]s: a seed receiver one per datagram as it arrives, a
-//! robust receiver each fragment in order, flagged where its message ends.
+//! Packets carry one message (seed), or one fragment of a message or several
+//! whole messages (robust), and are numbered from 1 per channel and direction.
+//! The receiver hands the application [`Chunk`]s: a seed receiver one per
+//! datagram as it arrives, a robust receiver each packet's payload in order,
+//! flagged where a message ends.
 
 use crate::packet::{self, DATA_HEADER_LEN, MAX_RANGES, Packet};
 use crate::{Config, Profile, SEED_DUP_WINDOW, SEED_MAX_RETRANSMITS, SEED_RTO};
@@ -48,8 +49,9 @@ pub struct Message {
     pub payload: Vec<u8>,
 }
 
-/// What the receiver hands the application: a whole message (seed) or a
-/// fragment of one (robust, in order); `end` marks a message's last fragment.
+/// What the receiver hands the application: a whole message (seed), or in
+/// order a fragment of one or several whole messages back to back (robust);
+/// `end` marks a chunk that ends a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chunk {
     pub kind: MessageKind,

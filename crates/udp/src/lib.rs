@@ -12,8 +12,9 @@
 //! * **robust** is what one would ship: adaptive RTO (RFC 6298), in-order
 //!   delivery per channel, a send window bounded by NewReno-style congestion
 //!   control (RFC 5681) and the receiver's window, fragmentation of messages
-//!   larger than the path MTU, and no silent loss: giving up fails the
-//!   association, which the agents close visibly.
+//!   larger than the path MTU, messages queued behind a full window sharing
+//!   packets, and no silent loss: giving up fails the association, which the
+//!   agents close visibly.
 //!
 //! Neither authenticates nor encrypts anything.
 //!

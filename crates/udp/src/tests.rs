@@ -237,6 +237,26 @@ fn messages(chunks: &[(u16, Chunk)], ch: u16) -> Vec<Vec<u8>> {
     out
 }
 
+/// Concatenates the payloads of channel `ch`: robust sessions may carry several
+/// messages in one chunk, so a byte stream is what to compare.
+fn stream(chunks: &[(u16, Chunk)], ch: u16) -> Vec<u8> {
+    chunks
+        .iter()
+        .filter(|(c, _)| *c == ch)
+        .flat_map(|(_, chunk)| chunk.payload.iter().copied())
+        .collect()
+}
+
+/// The bytes of stamped messages `0..`, message `i` `sizes[i]` long, back to
+/// back.
+fn stamped_stream(sizes: &[usize]) -> Vec<u8> {
+    sizes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &len)| stamped(i as u32, len))
+        .collect()
+}
+
 /// Sends `sizes.len()` stamped messages from the client on channel 1, at most
 /// `outstanding` unacknowledged at a time, and runs until all are acknowledged.
 fn push_all(sim: &mut Sim, sizes: &[usize], limit: Duration) {
@@ -483,8 +503,7 @@ proptest! {
         let mut sim = Sim::new(Profile::Robust, link, seed);
         sim.connect();
         push_all(&mut sim, &sizes, Duration::from_secs(600));
-        let want: Vec<u8> = sizes.iter().enumerate().flat_map(|(i, &n)| stamped(i as u32, n)).collect();
-        prop_assert!(stream(&sim.at_server, 1) == want);
+        prop_assert!(stream(&sim.at_server, 1) == stamped_stream(&sizes));
         prop_assert!(!sim.client.is_closed() && !sim.server.is_closed());
     }
 }
@@ -501,12 +520,7 @@ fn robust_at_5_percent_loss_delivers_ten_thousand_messages_exactly_once_in_order
     sim.connect();
     let sizes: Vec<usize> = (0..10_000).map(|i| [8, 100, 1500, 3000][i % 4]).collect();
     push_all(&mut sim, &sizes, Duration::from_secs(600));
-    let want: Vec<u8> = sizes
-        .iter()
-        .enumerate()
-        .flat_map(|(i, &n)| stamped(i as u32, n))
-        .collect();
-    assert!(stream(&sim.at_server, 1) == want);
+    assert!(stream(&sim.at_server, 1) == stamped_stream(&sizes));
     let st = sim.client.stats(1).unwrap();
     assert!(st.retransmits > 0);
     let rx = sim.server.stats(1).unwrap();
@@ -883,21 +897,6 @@ fn robust_a_lost_tail_is_probed_after_two_round_trips_not_the_rto() {
     );
 }
 
-/// Concatenates the payloads of channel `ch`: robust sessions may carry several
-/// messages in one chunk, so a byte stream is what to compare.
-fn stream(chunks: &[(u16, Chunk)], ch: u16) -> Vec<u8> {
-    chunks
-        .iter()
-        .filter(|(c, _)| *c == ch)
-        .flat_map(|(_, chunk)| chunk.payload.iter().copied())
-        .collect()
-}
-
-/// The bytes of stamped messages `0..n`, each `len` long, back to back.
-fn stamped_stream(n: u32, len: usize) -> Vec<u8> {
-    (0..n).flat_map(|i| stamped(i, len)).collect()
-}
-
 /// A retransmission keeps its sequence number, so loss detection must compare
 /// transmissions: comparing sequence numbers declared the retransmission lost
 /// again on every ACK of newer data, long before it could arrive (six
@@ -928,7 +927,7 @@ fn robust_one_loss_costs_one_retransmission_over_a_long_path() {
         sim.run_for(Duration::from_millis(1));
     }
     sim.run_until(Duration::from_secs(5), |s| s.client.outstanding(1) == 0);
-    assert_eq!(stream(&sim.at_server, 1), stamped_stream(300, 100));
+    assert_eq!(stream(&sim.at_server, 1), stamped_stream(&[100; 300]));
     assert_eq!(sim.client.stats(1).unwrap().retransmits, 1);
 }
 
@@ -974,8 +973,14 @@ fn robust_paced_both_ways_over_a_long_lossy_path_keeps_up() {
         sim.run_until(Duration::from_secs(5), |s| {
             s.client.outstanding(1) == 0 && s.server.outstanding(2) == 0
         });
-        assert_eq!(stream(&sim.at_server, 1), stamped_stream(n, 100));
-        assert_eq!(stream(&sim.at_client, 2), stamped_stream(n, 100));
+        assert_eq!(
+            stream(&sim.at_server, 1),
+            stamped_stream(&vec![100; n as usize])
+        );
+        assert_eq!(
+            stream(&sim.at_client, 2),
+            stamped_stream(&vec![100; n as usize])
+        );
         for (side, ch) in [(&sim.client, 1), (&sim.server, 2)] {
             let st = side.stats(ch).unwrap();
             assert!(
@@ -1011,7 +1016,7 @@ fn robust_queued_messages_share_packets_and_control_messages_never_do() {
     sim.run_until(Duration::from_secs(5), |s| {
         s.client.outstanding(1) == 0 && s.client.outstanding(CONTROL) == 0
     });
-    assert_eq!(stream(&sim.at_server, 1), stamped_stream(201, 100));
+    assert_eq!(stream(&sim.at_server, 1), stamped_stream(&[100; 201]));
     let data = sim.client.stats(1).unwrap();
     // 200 queued messages of 100 bytes fill 14 packets of at most 1,459 bytes.
     assert_eq!(data.messages_sent, 201);

@@ -782,7 +782,7 @@ impl Bench {
             // Stopped on every way out, a shard or the fleet that failed to start
             // included (it was left running then).
             let outcome =
-                self.with_switch(rt, n, cfg, &mut ctl, ctl_rss_empty, host_rss0, &switch_proc);
+                self.with_switch(rt, cfg, &mut ctl, ctl_rss_empty, host_rss0, &switch_proc);
             let _ = switch_proc.terminate(Duration::from_secs(10));
             outcome
         })();
@@ -792,17 +792,16 @@ impl Bench {
 
     /// Starts switches 1..n-1 and the fleet beside the switch agent of switch n,
     /// and measures.
-    #[allow(clippy::too_many_arguments)] // One run's parts, from its one caller.
     fn with_switch(
         &self,
         rt: &tokio::runtime::Runtime,
-        n: usize,
         cfg: &StormConfig,
         ctl: &mut CtlAgent,
         ctl_rss_empty: u64,
         host_rss0: u64,
         switch_proc: &ProcRecord,
     ) -> Result<(Steady, Vec<Restart>)> {
+        let n = self.switches;
         // Switches 1..n-1: here, or in shard processes of contiguous ranges.
         let mut agents = Vec::new();
         let mut shards = Vec::new();

@@ -96,8 +96,9 @@ struct SentPacket {
     last: bool,
     kind: MessageKind,
     sent_at: Option<Instant>,
-    /// Order of its latest transmission among all of the sender's transmissions:
-    /// what loss detection compares, since a retransmission keeps its `seq`.
+    /// Order of its latest transmission among all of the sender's transmissions
+    /// (`stats.packets_sent` then): what loss detection compares, since a
+    /// retransmission keeps its `seq`.
     sent_order: u64,
     transmissions: u32,
     state: State,
@@ -165,8 +166,6 @@ pub(crate) struct Sender {
     lost: BTreeSet<u32>,
     /// Packets in flight (sent, not acknowledged, not deemed lost).
     pipe: u32,
-    /// Transmissions so far; the next one's `sent_order`.
-    transmissions: u64,
     /// Highest `seq` ever transmitted (the unsent ones above it do not count).
     highest_sent: u32,
     /// Last seq of each message not yet fully acknowledged, in order.
@@ -224,7 +223,6 @@ impl Sender {
             unsent: VecDeque::new(),
             lost: BTreeSet::new(),
             pipe: 0,
-            transmissions: 0,
             highest_sent: 0,
             message_ends: VecDeque::new(),
             released: 0,
@@ -378,12 +376,12 @@ impl Sender {
         }
         p.transmissions += 1;
         p.sent_at = Some(now);
-        self.transmissions += 1;
-        p.sent_order = self.transmissions;
+        self.stats.packets_sent += 1;
+        // Every transmission is counted there: its count is the order.
+        p.sent_order = self.stats.packets_sent;
         self.highest_sent = self.highest_sent.max(seq);
         p.state = State::InFlight;
         self.pipe += 1;
-        self.stats.packets_sent += 1;
         match self.profile {
             Profile::Seed => {
                 self.timers.insert((now + rto, seq));

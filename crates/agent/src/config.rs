@@ -186,12 +186,28 @@ impl CommonConfig {
                 "--transport udp neither authenticates nor encrypts: anyone who can send datagrams to the agents can inject OpenFlow messages or claim a switch's name. Add --allow-unauthenticated to accept that (e.g. on an isolated management network), or use --transport quic".into(),
             ));
         }
-        if let AgentTransport::Udp(_) = self.transport
-            && self.metrics.is_some()
-        {
-            return Err(ConfigError::Invalid(
-                "--metrics serves the QUIC agents' metrics; the --transport udp agents have none yet (use `quicsdn control … status`)".into(),
-            ));
+        // What only the QUIC agents have. Over UDP it would do nothing, so
+        // asking for it is an error rather than a silent no-op.
+        if let AgentTransport::Udp(_) = self.transport {
+            let quic_only = [
+                (
+                    self.control.is_some(),
+                    "--control (status, rebind and `quicsdn snoop` work on QUIC connections)",
+                ),
+                (
+                    self.metrics.is_some(),
+                    "--metrics (the metrics are the QUIC agents')",
+                ),
+                (
+                    self.qlog.is_some(),
+                    "--qlog-dir or QLOGDIR (qlog records QUIC connections)",
+                ),
+            ];
+            if let Some((_, what)) = quic_only.iter().find(|(given, _)| *given) {
+                return Err(ConfigError::Invalid(format!(
+                    "{what} is not available with --transport udp"
+                )));
+            }
         }
         if self.services.is_empty() {
             return Err(ConfigError::Invalid(

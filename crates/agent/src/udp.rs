@@ -564,17 +564,6 @@ async fn pump_in(
     }
 }
 
-/// The control socket drives QUIC connections (status, rebind); over UDP it
-/// would do nothing, so asking for it is an error rather than a silent no-op.
-fn refuse_quic_only(common: &crate::CommonConfig) -> Result<(), AgentError> {
-    if common.control.is_some() {
-        return Err(AgentError::Config(crate::config::ConfigError::Invalid(
-            "--control is not available with --transport udp".into(),
-        )));
-    }
-    Ok(())
-}
-
 /// A UDP socket with large buffers (seed has no window: bursts must not
 /// overflow the kernel's default buffer).
 fn bind_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
@@ -607,7 +596,6 @@ impl UdpSwitchAgent {
         profile: Profile,
     ) -> Result<UdpSwitchAgent, AgentError> {
         config.validate()?;
-        refuse_quic_only(&config.common)?;
         let identity: Arc<str> = match &config.switch_name {
             Some(n) => n.as_str().into(),
             None => match quicsdn_transport::tls::Credentials::load(&config.common.tls) {
@@ -842,7 +830,6 @@ impl UdpControllerAgent {
         profile: Profile,
     ) -> Result<UdpControllerAgent, AgentError> {
         config.validate()?;
-        refuse_quic_only(&config.common)?;
         let services = Arc::new(ServiceTable::new(&config.common, Opener::Controller));
         let socket = Arc::new(bind_udp(config.listen)?);
         let local_addr = socket.local_addr()?;

@@ -173,6 +173,58 @@ async fn udp_needs_allow_unauthenticated() {
     );
 }
 
+/// `--control`, `--metrics` and `--qlog-dir` belong to the QUIC agents: over
+/// UDP each is refused by name, on both agents, instead of being ignored.
+#[tokio::test]
+async fn udp_refuses_what_only_the_quic_agents_have() {
+    type Ask = fn(&mut CommonConfig);
+    let asks: [(&str, Ask); 3] = [
+        ("--control", |c| {
+            c.control = Some("/tmp/quicsdn-udp-refused.sock".into())
+        }),
+        ("--metrics", |c| {
+            c.metrics = Some("127.0.0.1:0".parse().unwrap())
+        }),
+        ("--qlog-dir or QLOGDIR", |c| {
+            c.qlog = Some(quicsdn_transport::quic::Qlog {
+                dir: "/tmp/quicsdn-udp-refused-qlog".into(),
+            })
+        }),
+    ];
+    for (flag, ask) in asks {
+        let mut c = common(&["openflow=tcp:127.0.0.1:6653".to_string()], Profile::Seed);
+        ask(&mut c);
+        let controller = ControllerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            relaxed_flow_mods: false,
+            session_store: None,
+            max_handshakes: quicsdn_agent::admission::DEFAULT_MAX_HANDSHAKES,
+            common: c.clone(),
+        };
+        let err = UdpControllerAgent::start(controller, Profile::Seed)
+            .await
+            .err()
+            .expect("the controller agent refuses")
+            .to_string();
+        assert!(
+            err.contains(flag) && err.contains("not available with --transport udp"),
+            "{err}"
+        );
+        let mut switch = SwitchConfig::new(ControllerTarget::new("127.0.0.1:1", "ctl"), c);
+        switch.switch_name = Some("sw-udp".into());
+        let err = UdpSwitchAgent::start(switch, Profile::Seed)
+            .await
+            .err()
+            .expect("the switch agent refuses")
+            .to_string();
+        assert!(
+            err.contains(flag) && err.contains("not available with --transport udp"),
+            "{err}"
+        );
+    }
+    assert!(!std::path::Path::new("/tmp/quicsdn-udp-refused-qlog").exists());
+}
+
 #[tokio::test]
 async fn a_message_seed_cannot_carry_closes_its_session_on_both_sides() {
     let (cagent, sagent, ctl, sw_addr) = pair(Profile::Seed).await;

@@ -418,7 +418,7 @@ impl Metrics {
         );
         registry.register(
             "zero_rtt",
-            "0-RTT resumptions the controller agent accepted or rejected",
+            "Resumptions in 0-RTT, by whether the controller agent accepted the early data (the controller agent counts only those it accepted)",
             m.zero_rtt.clone(),
         );
         registry.register(
@@ -1204,5 +1204,117 @@ impl ProcessStats {
             open_fds: std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64),
             start_time_seconds: boot + num(22)? as f64 / ticks,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quinn::{ConnectionClose, ConnectionError, TransportErrorCode};
+    use quinn_proto::TransportError;
+
+    fn closed_by_peer(code: TransportErrorCode) -> ConnectionError {
+        ConnectionError::ConnectionClosed(ConnectionClose {
+            error_code: code,
+            frame_type: None,
+            reason: bytes::Bytes::new(),
+        })
+    }
+
+    /// The peer's TLS alert names the reason (RFC 8446 §6.2: 48
+    /// unknown_ca, 45 certificate_expired, 116 certificate_required, 42–46
+    /// the other certificate alerts); admission is CONNECTION_REFUSED.
+    #[test]
+    fn a_failed_handshake_is_counted_under_the_reason_the_peer_gave() {
+        let alert = |a: u8| closed_by_peer(TransportErrorCode::crypto(a));
+        let cases = [
+            (ConnectionError::TimedOut, RefusalReason::timed_out),
+            (
+                closed_by_peer(TransportErrorCode::CONNECTION_REFUSED),
+                RefusalReason::admission,
+            ),
+            (alert(48), RefusalReason::unknown_issuer),
+            (alert(45), RefusalReason::expired),
+            (alert(116), RefusalReason::no_certificate),
+            (alert(42), RefusalReason::bad_certificate),
+            (alert(44), RefusalReason::bad_certificate),
+            // handshake_failure and no_application_protocol: not a certificate.
+            (alert(40), RefusalReason::other),
+            (alert(120), RefusalReason::other),
+            (
+                closed_by_peer(TransportErrorCode::PROTOCOL_VIOLATION),
+                RefusalReason::other,
+            ),
+        ];
+        for (error, reason) in cases {
+            assert_eq!(
+                RefusalReason::of_failed_handshake(&error),
+                Some(reason),
+                "{error}"
+            );
+        }
+        // Our own verifier refused: it has counted the refusal already.
+        let own = ConnectionError::TransportError(TransportError {
+            code: TransportErrorCode::crypto(48),
+            frame: None,
+            reason: "invalid peer certificate: UnknownIssuer".into(),
+        });
+        assert_eq!(RefusalReason::of_failed_handshake(&own), None);
+    }
+
+    #[test]
+    fn a_lost_connection_is_counted_under_why_it_ended() {
+        let app_closed = |code: u32| {
+            ConnectionError::ApplicationClosed(quinn::ApplicationClose {
+                error_code: quinn::VarInt::from_u32(code),
+                reason: bytes::Bytes::new(),
+            })
+        };
+        let cases = [
+            (ConnectionError::TimedOut, DisconnectReason::timed_out),
+            (ConnectionError::Reset, DisconnectReason::reset_by_peer),
+            (
+                ConnectionError::LocallyClosed,
+                DisconnectReason::closed_here,
+            ),
+            (
+                app_closed(quicsdn_wire::preamble::code::SUPERSEDED),
+                DisconnectReason::superseded,
+            ),
+            (app_closed(0), DisconnectReason::closed_by_peer),
+            (
+                closed_by_peer(TransportErrorCode::NO_ERROR),
+                DisconnectReason::closed_by_peer,
+            ),
+            (
+                closed_by_peer(TransportErrorCode::CONNECTION_REFUSED),
+                DisconnectReason::refused,
+            ),
+            (
+                closed_by_peer(TransportErrorCode::PROTOCOL_VIOLATION),
+                DisconnectReason::protocol_error,
+            ),
+        ];
+        for (error, reason) in cases {
+            assert_eq!(DisconnectReason::of(&error), reason, "{error}");
+        }
+    }
+
+    #[test]
+    fn refusals_are_served_by_reason_with_no_switch_label() {
+        let m = Metrics::new("controller");
+        m.refused(CertRejection::Expired.into());
+        m.refused(CertRejection::Expired.into());
+        m.refused(CertRejection::UnknownIssuer.into());
+        m.refused(CertRejection::Other.into());
+        let text = m.encode(true);
+        for line in [
+            r#"quicsdn_handshake_refusals_total{reason="expired"} 2"#,
+            r#"quicsdn_handshake_refusals_total{reason="unknown_issuer"} 1"#,
+            r#"quicsdn_handshake_refusals_total{reason="bad_certificate"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+        assert!(!text.contains("reason=\"wrong_name\""), "{text}");
     }
 }

@@ -9,15 +9,6 @@ use std::net::SocketAddr;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// One sample's value from the OpenMetrics text, by name and exact labels
-/// (`name{a="x",b="y"}`); 0 when absent, as Prometheus treats a missing series
-/// in a sum. The e2e test parses with a real parser (lab/tests/ops_e2e.rs).
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// `GET path` on an agent's metrics endpoint: status and body.
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -63,6 +54,13 @@ async fn metrics_count_what_crosses_and_healthz_follows_the_path() {
     assert_eq!(status, 503, "{body}");
     assert!(
         body.contains("OVS has no session open on: openflow"),
+        "{body}"
+    );
+    // The controller agent has the switch, but not yet its session to the controller.
+    let (status, body) = get(ctl_http, "/healthz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("switches without a session to the controller: sw1"),
         "{body}"
     );
 
@@ -184,7 +182,26 @@ async fn metrics_count_what_crosses_and_healthz_follows_the_path() {
     intruder.shutdown().await;
     let (status, _) = get(sw_http, "/nothing").await;
     assert_eq!(status, 404);
-    setup.shutdown().await;
+
+    // Without its controller agent the switch agent is not ready, whatever OVS does.
+    let OneService {
+        controller, agent, ..
+    } = setup;
+    controller.shutdown().await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let (status, body) = get(sw_http, "/healthz").await;
+        if status == 503 {
+            assert!(
+                body.contains("not connected to the controller agent"),
+                "{body}"
+            );
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{body}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    agent.shutdown().await;
 }
 
 /// The coalescer reports each release of held messages; the agent records
@@ -343,4 +360,83 @@ async fn every_metric_the_grafana_dashboard_uses_is_served() {
         "docs/grafana/quicsdn.json uses metrics no agent serves: {missing:?}\nserved: {served:?}"
     );
     setup.controller.shutdown().await;
+}
+
+/// A UDP relay from the switch agent to the controller agent that drops every
+/// `nth` datagram the controller agent sends, once `spare` have passed (the
+/// handshake): its address, and the task to abort at the end.
+async fn lossy_relay(
+    server: SocketAddr,
+    spare: usize,
+    nth: usize,
+) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let front = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let back = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    back.connect(server).await.unwrap();
+    let addr = front.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let (mut up, mut down) = (vec![0u8; 65536], vec![0u8; 65536]);
+        let (mut client, mut from_server) = (None, 0usize);
+        loop {
+            tokio::select! {
+                r = front.recv_from(&mut up) => {
+                    let (n, from) = r.unwrap();
+                    client = Some(from);
+                    let _ = back.send(&up[..n]).await;
+                }
+                r = back.recv(&mut down) => {
+                    let Ok(n) = r else { continue };
+                    from_server += 1;
+                    let dropped = from_server > spare && from_server % nth == 0;
+                    if let (Some(c), false) = (client, dropped) {
+                        let _ = front.send_to(&down[..n], c).await;
+                    }
+                }
+            }
+        }
+    });
+    (addr, task)
+}
+
+/// Over a path that loses datagrams, QUIC's loss counters move (per switch),
+/// and every message still arrives in order.
+#[tokio::test]
+async fn lost_packets_are_counted_per_switch_and_every_message_arrives() {
+    let pki = Pki::new();
+    let fake = FakeController::new().await;
+    let controller = quicsdn_agent::ControllerAgent::start(controller_config(
+        &pki,
+        &[format!("openflow={}", fake.target())],
+    ))
+    .await
+    .unwrap();
+    let (relay, relay_task) = lossy_relay(controller.local_addr().unwrap(), 12, 4).await;
+    let agent = quicsdn_agent::SwitchAgent::start(switch_config(
+        pki.issue("sw1"),
+        relay,
+        &["openflow=ptcp:0".to_string()],
+    ))
+    .await
+    .unwrap();
+    assert!(agent.wait_connected(PATIENCE).await);
+    let mut ovs = ovs_connect(&agent, "openflow").await;
+    let mut ctl = fake.accept().await;
+    // Rounds the switch side reads before the next is sent: many packets,
+    // whatever the coalescing does.
+    for round in 0..40u32 {
+        let msgs: Vec<Vec<u8>> = (0..5)
+            .map(|i| build::flow_mod(round * 5 + i, &FlowMod::add(10, vec![], vec![])))
+            .collect();
+        send_all(&mut ctl, &msgs).await;
+        let got = read_exact_len(&mut ovs, msgs.iter().map(Vec::len).sum()).await;
+        assert_eq!(got, msgs.concat(), "round {round}");
+    }
+    let text = controller.metrics().encode(true);
+    let lost = sample(&text, r#"quicsdn_quic_lost_packets_total{switch="sw1"}"#);
+    let sent = sample(&text, r#"quicsdn_quic_sent_packets_total{switch="sw1"}"#);
+    assert!(lost >= 1.0 && lost < sent, "lost {lost} of {sent}:\n{text}");
+    assert!(sample(&text, r#"quicsdn_quic_lost_bytes_total{switch="sw1"}"#) > 0.0);
+    relay_task.abort();
+    agent.shutdown().await;
+    controller.shutdown().await;
 }

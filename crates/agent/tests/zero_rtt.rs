@@ -94,6 +94,18 @@ fn of(msg_type: u8, xid: u32) -> Vec<u8> {
     openflow::message(4, msg_type, xid, &xid.to_be_bytes())
 }
 
+/// `quicsdn_zero_rtt_total` of switch `sw1`: (accepted, rejected).
+fn zero_rtt_counts(metrics: &quicsdn_agent::metrics::Metrics) -> (f64, f64) {
+    let text = metrics.encode(true);
+    let count = |result: &str| {
+        sample(
+            &text,
+            &format!(r#"quicsdn_zero_rtt_total{{switch="sw1",result="{result}"}}"#),
+        )
+    };
+    (count("accepted"), count("rejected"))
+}
+
 async fn start_controller_agent(
     pki: &Pki,
     services: &[String],
@@ -221,6 +233,10 @@ async fn after_a_controller_agent_restart_only_replay_safe_messages_ride_0rtt() 
     let c = status(&ctl_sock).await;
     let conn = &c["connections"][0];
     assert_eq!(conn["zero_rtt"], true, "{c}");
+    // Both agents count the accepted resumption, and nothing rejected.
+    for metrics in [agent.metrics(), controller.metrics()] {
+        assert_eq!(zero_rtt_counts(metrics), (1.0, 0.0));
+    }
     // The controller agent delivered only the two replay-safe ones before its
     // handshake completed. (The 1-RTT messages may reach its session a moment
     // before the handshake's completion reaches the gate; they then wait for it.)
@@ -320,6 +336,7 @@ async fn a_controller_agent_that_lost_its_sessions_rejects_0rtt_and_the_session_
         "a full handshake: {s}"
     );
     assert_eq!(s["connections"][0]["sessions"], 1, "{s}");
+    assert_eq!(zero_rtt_counts(agent.metrics()), (0.0, 1.0));
     agent.shutdown().await;
     controller.shutdown().await;
 }

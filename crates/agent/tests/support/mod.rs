@@ -297,3 +297,12 @@ pub async fn controller_agent_at(
     .await
     .expect("the controller agent's address never became free")
 }
+
+/// One sample's value from an agent's metrics text, by name and exact labels
+/// (`name{a="x",b="y"}`); 0 when absent, as Prometheus treats a missing series
+/// in a sum. The e2e test parses with a real parser (lab/tests/ops_e2e.rs).
+pub fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}

@@ -206,6 +206,27 @@ pub enum Role {
     Server,
 }
 
+/// How long ahead of a certificate's expiry the agents warn about it (at
+/// start, after each rotation, and every 12 hours in between).
+pub const EXPIRY_WARNING_AHEAD: time::Duration = time::Duration::days(14);
+
+/// What to say of a certificate valid until `not_after`, at `now`: nothing
+/// until [`EXPIRY_WARNING_AHEAD`] before its end.
+fn expiry_warning(not_after: OffsetDateTime, now: OffsetDateTime) -> Option<String> {
+    let left = not_after - now;
+    if left.is_negative() {
+        Some(format!("expired at {not_after}; peers will reject it"))
+    } else if left < EXPIRY_WARNING_AHEAD {
+        Some(format!(
+            "expires at {not_after}, in {} days and {} hours; replace it before peers reject it",
+            left.whole_days(),
+            left.whole_hours() % 24
+        ))
+    } else {
+        None
+    }
+}
+
 impl Credentials {
     /// Reads and checks the three files: the CA must parse, the certificate and key
     /// must match.
@@ -303,11 +324,8 @@ impl Credentials {
     /// Warns when this certificate has expired or soon will: peers would
     /// reject it, and the log should say so before they do.
     pub fn warn_if_expiring(&self) {
-        let left = self.not_after - OffsetDateTime::now_utc();
-        if left.is_negative() {
-            warn!(identity = %self.identity, "this certificate ({}) expired at {}; peers will reject it", self.files.cert.display(), self.not_after);
-        } else if left < time::Duration::days(14) {
-            warn!(identity = %self.identity, "this certificate ({}) expires at {}", self.files.cert.display(), self.not_after);
+        if let Some(warning) = expiry_warning(self.not_after, OffsetDateTime::now_utc()) {
+            warn!(identity = %self.identity, "this certificate ({}) {warning}", self.files.cert.display());
         }
     }
 
@@ -486,5 +504,26 @@ impl ServerCertVerifier for LoggingServerVerifier {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.inner.supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiry_is_warned_about_two_weeks_ahead_and_after() {
+        // 2027-01-31 12:00 UTC
+        let not_after = OffsetDateTime::from_unix_timestamp(1_801_396_800).unwrap();
+        let at = |days: i64, hours: i64| {
+            not_after - time::Duration::days(days) - time::Duration::hours(hours)
+        };
+        assert_eq!(expiry_warning(not_after, at(14, 0)), None);
+        assert_eq!(expiry_warning(not_after, at(200, 0)), None);
+        let soon = expiry_warning(not_after, at(13, 23)).expect("warned");
+        assert!(soon.contains("in 13 days and 23 hours"), "{soon}");
+        assert!(soon.contains("2027-01-31 12:00"), "{soon}");
+        let gone = expiry_warning(not_after, at(0, -1)).expect("warned");
+        assert!(gone.starts_with("expired at 2027-01-31 12:00"), "{gone}");
     }
 }

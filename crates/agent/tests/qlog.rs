@@ -1,5 +1,6 @@
 //! `--qlog-dir`: one qlog file per QUIC connection, named by the switch, in
 //! the JSON-SEQ format qvis reads (RFC 7464 records: 0x1E, JSON, newline).
+//! (`QLOGDIR` is checked on the binary: crates/cli/tests/qlogdir.rs.)
 
 mod support;
 
@@ -39,23 +40,48 @@ async fn each_connection_writes_a_qlog_named_by_its_switch() {
     let len = msgs.iter().map(Vec::len).sum();
     read_exact_len(&mut ctl_r, len).await;
     read_exact_len(&mut ovs_r, len).await;
+    // A second switch, idle, writing into the same directory: one more file
+    // on each side, named by its own identity.
+    let mut sw2 = switch_config(
+        setup.pki.issue("sw2"),
+        setup.controller.local_addr().unwrap(),
+        &["openflow=ptcp:0".to_string()],
+    );
+    sw2.common.qlog = Some(quicsdn_transport::quic::Qlog {
+        dir: sw_dir.clone(),
+    });
+    let sw2 = quicsdn_agent::SwitchAgent::start(sw2).await.unwrap();
+    assert!(sw2.wait_connected(PATIENCE).await);
+    sw2.shutdown().await;
     setup.shutdown().await;
 
     for (dir, role) in [(&sw_dir, "switch"), (&ctl_dir, "controller")] {
-        let files: Vec<_> = std::fs::read_dir(dir)
+        let mut files: Vec<_> = std::fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().path())
             .collect();
-        assert_eq!(files.len(), 1, "{role}: {files:?}");
-        let name = files[0].file_name().unwrap().to_string_lossy().to_string();
-        assert!(
-            name.starts_with("sw1-") && name.ends_with(&format!("-{role}.sqlog")),
-            "{name}"
-        );
-        let recs = records(&files[0]);
-        assert!(recs[0]["qlog_format"] == "JSON-SEQ", "{}", recs[0]);
-        let count = |event: &str| recs.iter().filter(|r| r["name"] == event).count();
-        assert!(count("transport:packet_sent") > 10, "{role}: {recs:?}");
-        assert!(count("transport:packet_received") > 10, "{role}");
+        files.sort();
+        assert_eq!(files.len(), 2, "{role}: {files:?}");
+        for (file, switch) in files.iter().zip(["sw1", "sw2"]) {
+            let name = file.file_name().unwrap().to_string_lossy().to_string();
+            assert!(
+                name.starts_with(&format!("{switch}-"))
+                    && name.ends_with(&format!("-{role}.sqlog")),
+                "{name}"
+            );
+            let recs = records(file);
+            assert!(recs[0]["qlog_format"] == "JSON-SEQ", "{}", recs[0]);
+            let count = |event: &str| recs.iter().filter(|r| r["name"] == event).count();
+            // sw1's connection carried 100 messages, sw2's only its handshake.
+            let least = if switch == "sw1" { 10 } else { 0 };
+            assert!(
+                count("transport:packet_sent") > least,
+                "{role} {switch}: {recs:?}"
+            );
+            assert!(
+                count("transport:packet_received") > least,
+                "{role} {switch}"
+            );
+        }
     }
 }

@@ -22,8 +22,6 @@ use common::osken_bed::{Bed, PATIENCE};
 use common::*;
 use quicsdn_lab::wait::poll_until;
 
-const PREFIX: &str = "qsdnZ";
-
 /// The first connection in an agent's `status` answer.
 fn connection(socket: &Path) -> serde_json::Value {
     control_status(socket)["connections"][0].clone()
@@ -34,7 +32,7 @@ fn after_a_controller_agent_restart_ovs_resumes_in_0rtt_with_only_replay_safe_me
     let _s = serial();
     require_root();
     // 20 ms each way; a grace period long enough to hold through the cut below.
-    let mut bed = Bed::up(PREFIX, Duration::from_millis(20), &["--grace=10s"]);
+    let mut bed = Bed::up("qsdnZ1", Duration::from_millis(20), &["--grace=10s"]);
     bed.ping_ok();
     let first = connection(&bed.switch_control());
     assert_eq!(first["zero_rtt"], false, "no ticket yet: {first}");
@@ -122,7 +120,7 @@ fn after_a_controller_agent_restart_ovs_resumes_in_0rtt_with_only_replay_safe_me
 fn the_grace_period_holds_ovs_through_a_short_outage_and_lets_go_after_it() {
     let _s = serial();
     require_root();
-    let bed = Bed::up(PREFIX, Duration::from_millis(5), &["--grace=4s"]);
+    let bed = Bed::up("qsdnZ2", Duration::from_millis(5), &["--grace=4s"]);
     bed.ping_ok();
     let connections = bed.ovs_connections();
 
@@ -175,7 +173,7 @@ fn after_a_controller_agent_crash_its_successor_resets_the_old_connection() {
     require_root();
     // A grace period near its maximum: the switch agent must hear of the crash
     // from the new agent, not from silence.
-    let mut bed = Bed::up(PREFIX, Duration::from_millis(5), &["--grace=14s"]);
+    let mut bed = Bed::up("qsdnZ3", Duration::from_millis(5), &["--grace=14s"]);
     bed.ping_ok();
     let connections = bed.ovs_connections();
 

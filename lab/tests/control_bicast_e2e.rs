@@ -154,6 +154,12 @@ fn the_control_channel_survives_a_lossy_path_and_a_cut_one() {
         .filter(|l| l.module == "rconn" && l.text.contains("connected"))
         .count();
     assert_eq!(reconnects, 1, "OVS connected more than once");
+    // The loss was applied: path A dropped frames. Counted over both
+    // directions: one direction alone carries only about a dozen frames in
+    // these 12 s, and 0.7^11 = 2 % of runs would lose none of them.
     let c = lab.path_counters().unwrap();
-    assert!(c[0][0].lost > 0, "path A dropped nothing: {c:?}");
+    assert!(
+        c[0][0].lost + c[0][1].lost > 0,
+        "path A dropped nothing: {c:?}"
+    );
 }

@@ -362,42 +362,6 @@ async fn every_metric_the_grafana_dashboard_uses_is_served() {
     setup.controller.shutdown().await;
 }
 
-/// A UDP relay from the switch agent to the controller agent that drops every
-/// `nth` datagram the controller agent sends, once `spare` have passed (the
-/// handshake): its address, and the task to abort at the end.
-async fn lossy_relay(
-    server: SocketAddr,
-    spare: usize,
-    nth: usize,
-) -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let front = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let back = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    back.connect(server).await.unwrap();
-    let addr = front.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        let (mut up, mut down) = (vec![0u8; 65536], vec![0u8; 65536]);
-        let (mut client, mut from_server) = (None, 0usize);
-        loop {
-            tokio::select! {
-                r = front.recv_from(&mut up) => {
-                    let (n, from) = r.unwrap();
-                    client = Some(from);
-                    let _ = back.send(&up[..n]).await;
-                }
-                r = back.recv(&mut down) => {
-                    let Ok(n) = r else { continue };
-                    from_server += 1;
-                    let dropped = from_server > spare && from_server % nth == 0;
-                    if let (Some(c), false) = (client, dropped) {
-                        let _ = front.send_to(&down[..n], c).await;
-                    }
-                }
-            }
-        }
-    });
-    (addr, task)
-}
-
 /// Over a path that loses datagrams, QUIC's loss counters move (per switch),
 /// and every message still arrives in order.
 #[tokio::test]
@@ -410,10 +374,10 @@ async fn lost_packets_are_counted_per_switch_and_every_message_arrives() {
     ))
     .await
     .unwrap();
-    let (relay, relay_task) = lossy_relay(controller.local_addr().unwrap(), 12, 4).await;
+    let relay = Relay::lossy(controller.local_addr().unwrap(), 12, 4).await;
     let agent = quicsdn_agent::SwitchAgent::start(switch_config(
         pki.issue("sw1"),
-        relay,
+        relay.addr,
         &["openflow=ptcp:0".to_string()],
     ))
     .await
@@ -436,7 +400,6 @@ async fn lost_packets_are_counted_per_switch_and_every_message_arrives() {
     let sent = sample(&text, r#"quicsdn_quic_sent_packets_total{switch="sw1"}"#);
     assert!(lost >= 1.0 && lost < sent, "lost {lost} of {sent}:\n{text}");
     assert!(sample(&text, r#"quicsdn_quic_lost_bytes_total{switch="sw1"}"#) > 0.0);
-    relay_task.abort();
     agent.shutdown().await;
     controller.shutdown().await;
 }

@@ -10,67 +10,10 @@ use quicsdn_agent::ControllerAgent;
 use quicsdn_agent::SwitchAgent;
 use quicsdn_wire::openflow;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{UdpSocket, UnixStream};
-use tokio::sync::watch;
-
-/// A UDP relay in front of the controller agent; `hold(true)` keeps the
-/// controller agent's packets back (queued, sent on `hold(false)`).
-struct Relay {
-    addr: SocketAddr,
-    hold: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Relay {
-    async fn start(server: SocketAddr) -> Relay {
-        let front = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
-        let back = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        back.connect(server).await.unwrap();
-        let addr = front.local_addr().unwrap();
-        let (hold, mut held) = watch::channel(false);
-        let task = tokio::spawn(async move {
-            let (mut a, mut b) = (vec![0u8; 65536], vec![0u8; 65536]);
-            let mut client = None;
-            let mut queue: Vec<Vec<u8>> = Vec::new();
-            loop {
-                tokio::select! {
-                    r = front.recv_from(&mut a) => {
-                        let (n, from) = r.unwrap();
-                        client = Some(from);
-                        let _ = back.send(&a[..n]).await;
-                    }
-                    r = back.recv(&mut b) => {
-                        // The controller agent restarting refuses packets for a moment.
-                        let Ok(n) = r else { continue };
-                        match client {
-                            Some(c) if !*held.borrow() => { let _ = front.send_to(&b[..n], c).await; }
-                            _ => queue.push(b[..n].to_vec()),
-                        }
-                    }
-                    r = held.changed() => {
-                        if r.is_err() { return; }
-                        if !*held.borrow() && let Some(c) = client {
-                            for p in queue.drain(..) {
-                                let _ = front.send_to(&p, c).await;
-                            }
-                        }
-                    }
-                }
-            }
-        });
-        Relay { addr, hold, task }
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
+use tokio::net::UnixStream;
 
 async fn read_or_log(logs: &LogCapture, r: &mut tokio::net::TcpStream, n: usize) -> Vec<u8> {
     let mut buf = vec![0u8; n];

@@ -7,7 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_quicsdn");
+mod support;
+
+use support::BIN;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -50,15 +52,7 @@ fn the_units_pass_systemd_analyze_verify() {
 #[test]
 fn check_config_accepts_the_samples_and_explains_mistakes() {
     let dir = tempfile::tempdir().unwrap();
-    let pki = dir.path().join("pki");
-    for args in [
-        vec!["pki", "init", "--dir"],
-        vec!["pki", "issue", "--name", "sw1", "--dir"],
-        vec!["pki", "issue", "--name", "ctl", "--dir"],
-    ] {
-        let (ok, out) = run(Command::new(BIN).args(&args).arg(&pki));
-        assert!(ok, "{out}");
-    }
+    let pki = support::pki(dir.path(), &["sw1", "ctl"]);
     for (sample, role, identity) in [
         ("switch.toml", "switch", "sw1"),
         ("controller.toml", "controller", "ctl"),

@@ -2,22 +2,14 @@
 //! environment of the real binaries, each agent writes its connection's qlog
 //! there, named by the switch, with no `--qlog-dir` on the command line.
 
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use support::{Agent, BIN};
 
-const BIN: &str = env!("CARGO_BIN_EXE_quicsdn");
 const PATIENCE: Duration = Duration::from_secs(30);
-
-/// A running agent, stopped (by its PID) when the test ends either way.
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn agent(args: &[&str], pki: &Path, name: &str, qlogdir: &Path, log: &Path) -> Agent {
     Agent(
@@ -73,15 +65,7 @@ fn switch_named_qlog(dir: &Path, role: &str, logs: &[PathBuf]) -> PathBuf {
 #[test]
 fn qlogdir_in_the_environment_turns_qlog_on_for_both_agents() {
     let dir = tempfile::tempdir().unwrap();
-    let pki = dir.path().join("pki");
-    for args in [
-        vec!["pki", "init", "--dir"],
-        vec!["pki", "issue", "--name", "ctl", "--dir"],
-        vec!["pki", "issue", "--name", "sw1", "--dir"],
-    ] {
-        let out = Command::new(BIN).args(&args).arg(&pki).output().unwrap();
-        assert!(out.status.success(), "{out:?}");
-    }
+    let pki = support::pki(dir.path(), &["ctl", "sw1"]);
     // A free port for the controller agent, which the switch agent is told.
     let port = std::net::UdpSocket::bind("127.0.0.1:0")
         .unwrap()

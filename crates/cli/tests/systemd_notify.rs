@@ -5,33 +5,17 @@
 //! `MONOTONIC_USEC=` that `Type=notify-reload` wants) then `READY=1` around a
 //! SIGHUP, and `STOPPING=1` on SIGTERM before a clean exit.
 
+mod support;
+
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_quicsdn");
+use support::{Agent, BIN};
 
 /// Long enough for a loaded CI machine; every wait ends as soon as its
 /// message arrives.
 const PATIENCE: Duration = Duration::from_secs(30);
-
-/// The agent under test, killed (by its PID) if the test fails half-way.
-struct Agent(Child);
-
-impl Agent {
-    fn signal(&self, signal: libc::c_int) {
-        let pid = libc::pid_t::try_from(self.0.id()).unwrap();
-        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The notify socket's next message that contains `wanted`; the messages
 /// skipped on the way (watchdog keep-alives) are returned with it.
@@ -61,14 +45,7 @@ fn next_with(socket: &UnixDatagram, wanted: &str, log: &Path) -> (String, Vec<St
 #[test]
 fn the_controller_agent_notifies_readiness_watchdog_reload_and_stop() {
     let dir = tempfile::tempdir().unwrap();
-    let pki = dir.path().join("pki");
-    for args in [
-        vec!["pki", "init", "--dir"],
-        vec!["pki", "issue", "--name", "ctl", "--dir"],
-    ] {
-        let out = Command::new(BIN).args(&args).arg(&pki).output().unwrap();
-        assert!(out.status.success(), "{out:?}");
-    }
+    let pki = support::pki(dir.path(), &["ctl"]);
     let socket_path = dir.path().join("notify");
     let socket = UnixDatagram::bind(&socket_path).unwrap();
     let log = dir.path().join("agent.log");

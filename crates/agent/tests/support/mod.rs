@@ -306,3 +306,74 @@ pub fn sample(text: &str, series: &str) -> f64 {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or(0.0)
 }
+
+/// A UDP relay in front of the controller agent. `hold(true)` keeps the
+/// controller agent's packets back (queued, sent on `hold(false)`);
+/// [`Relay::lossy`] drops some of them.
+pub struct Relay {
+    pub addr: SocketAddr,
+    pub hold: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    pub async fn start(server: SocketAddr) -> Relay {
+        Relay::start_with(server, None).await
+    }
+
+    /// Drops every `nth` datagram the controller agent sends once `spare`
+    /// have passed (the handshake).
+    pub async fn lossy(server: SocketAddr, spare: usize, nth: usize) -> Relay {
+        Relay::start_with(server, Some((spare, nth))).await
+    }
+
+    async fn start_with(server: SocketAddr, loss: Option<(usize, usize)>) -> Relay {
+        use tokio::net::UdpSocket;
+        let front = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let back = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        back.connect(server).await.unwrap();
+        let addr = front.local_addr().unwrap();
+        let (hold, mut held) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let (mut a, mut b) = (vec![0u8; 65536], vec![0u8; 65536]);
+            let (mut client, mut from_server) = (None, 0usize);
+            let mut queue: Vec<Vec<u8>> = Vec::new();
+            loop {
+                tokio::select! {
+                    r = front.recv_from(&mut a) => {
+                        let (n, from) = r.unwrap();
+                        client = Some(from);
+                        let _ = back.send(&a[..n]).await;
+                    }
+                    r = back.recv(&mut b) => {
+                        // The controller agent restarting refuses packets for a moment.
+                        let Ok(n) = r else { continue };
+                        from_server += 1;
+                        if loss.is_some_and(|(spare, nth)| from_server > spare && from_server % nth == 0) {
+                            continue;
+                        }
+                        match client {
+                            Some(c) if !*held.borrow() => { let _ = front.send_to(&b[..n], c).await; }
+                            _ => queue.push(b[..n].to_vec()),
+                        }
+                    }
+                    r = held.changed() => {
+                        if r.is_err() { return; }
+                        if !*held.borrow() && let Some(c) = client {
+                            for p in queue.drain(..) {
+                                let _ = front.send_to(&p, c).await;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Relay { addr, hold, task }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,43 @@
+//! Shared pieces of the tests that run the real `quicsdn` binary.
+
+#![allow(dead_code)] // Each test binary uses a different subset.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_quicsdn");
+
+/// A CA and a certificate for each of `names`, made by `quicsdn pki` in
+/// `dir/pki`: `ca.crt`, `NAME.crt`, `NAME.key`.
+pub fn pki(dir: &Path, names: &[&str]) -> PathBuf {
+    let pki = dir.join("pki");
+    let init = ["pki", "init", "--dir"].map(String::from).to_vec();
+    let issues = names.iter().map(|n| {
+        ["pki", "issue", "--name", n, "--dir"]
+            .map(String::from)
+            .to_vec()
+    });
+    for args in std::iter::once(init).chain(issues) {
+        let out = Command::new(BIN).args(&args).arg(&pki).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    }
+    pki
+}
+
+/// A running agent, killed (by its PID) when the test ends either way.
+pub struct Agent(pub Child);
+
+impl Agent {
+    pub fn signal(&self, signal: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.0.id()).unwrap();
+        // SAFETY: kill(2) on our own child's PID.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

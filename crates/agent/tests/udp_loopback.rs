@@ -30,6 +30,17 @@ fn common(services: &[String], profile: Profile) -> CommonConfig {
     c
 }
 
+/// The controller agent's configuration with `common` and defaults.
+fn controller_config(common: CommonConfig) -> ControllerConfig {
+    ControllerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        relaxed_flow_mods: false,
+        session_store: None,
+        max_handshakes: quicsdn_agent::admission::DEFAULT_MAX_HANDSHAKES,
+        common,
+    }
+}
+
 /// An OpenFlow message of `len` bytes with xid `n`.
 fn of(n: u32, len: usize) -> Vec<u8> {
     let mut m = vec![0u8; len];
@@ -43,13 +54,7 @@ fn of(n: u32, len: usize) -> Vec<u8> {
 async fn pair(profile: Profile) -> (UdpControllerAgent, UdpSwitchAgent, TcpListener, String) {
     let ctl = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = ctl.local_addr().unwrap().port();
-    let c = ControllerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        relaxed_flow_mods: false,
-        session_store: None,
-        max_handshakes: quicsdn_agent::admission::DEFAULT_MAX_HANDSHAKES,
-        common: common(&[format!("openflow=tcp:127.0.0.1:{port}")], profile),
-    };
+    let c = controller_config(common(&[format!("openflow=tcp:127.0.0.1:{port}")], profile));
     let cagent = UdpControllerAgent::start(c, profile).await.unwrap();
     let s = SwitchConfig {
         switch_name: Some("sw-udp".into()),
@@ -154,13 +159,7 @@ async fn a_malformed_message_closes_only_its_session_after_what_came_before() {
 async fn udp_needs_allow_unauthenticated() {
     let mut c = common(&["openflow=tcp:127.0.0.1:6653".to_string()], Profile::Seed);
     c.allow_unauthenticated = false;
-    let cfg = ControllerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        relaxed_flow_mods: false,
-        session_store: None,
-        max_handshakes: quicsdn_agent::admission::DEFAULT_MAX_HANDSHAKES,
-        common: c,
-    };
+    let cfg = controller_config(c);
     let err = UdpControllerAgent::start(cfg, Profile::Seed)
         .await
         .err()
@@ -194,33 +193,22 @@ async fn udp_refuses_what_only_the_quic_agents_have() {
     for (flag, ask) in asks {
         let mut c = common(&["openflow=tcp:127.0.0.1:6653".to_string()], Profile::Seed);
         ask(&mut c);
-        let controller = ControllerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            relaxed_flow_mods: false,
-            session_store: None,
-            max_handshakes: quicsdn_agent::admission::DEFAULT_MAX_HANDSHAKES,
-            common: c.clone(),
-        };
-        let err = UdpControllerAgent::start(controller, Profile::Seed)
+        let controller = UdpControllerAgent::start(controller_config(c.clone()), Profile::Seed)
             .await
             .err()
-            .expect("the controller agent refuses")
-            .to_string();
-        assert!(
-            err.contains(flag) && err.contains("not available with --transport udp"),
-            "{err}"
-        );
+            .expect("the controller agent refuses");
         let mut switch = SwitchConfig::new(ControllerTarget::new("127.0.0.1:1", "ctl"), c);
         switch.switch_name = Some("sw-udp".into());
-        let err = UdpSwitchAgent::start(switch, Profile::Seed)
+        let switch = UdpSwitchAgent::start(switch, Profile::Seed)
             .await
             .err()
-            .expect("the switch agent refuses")
-            .to_string();
-        assert!(
-            err.contains(flag) && err.contains("not available with --transport udp"),
-            "{err}"
-        );
+            .expect("the switch agent refuses");
+        for err in [controller.to_string(), switch.to_string()] {
+            assert!(
+                err.contains(flag) && err.contains("not available with --transport udp"),
+                "{err}"
+            );
+        }
     }
     assert!(!std::path::Path::new("/tmp/quicsdn-udp-refused-qlog").exists());
 }

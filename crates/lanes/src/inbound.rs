@@ -54,8 +54,14 @@ struct Lane {
 /// releases them in an order the stream mode allows.
 #[derive(Debug)]
 pub struct Inbound {
+    /// The lanes seen so far: lane `i` exists once data or its end arrived on
+    /// it or on a later lane. One never seen is empty and unfinished, and
+    /// costs nothing: most sessions use one or two of their lanes (issue 18).
     lanes: Vec<Lane>,
+    /// Lanes the peer may use in this direction.
+    lane_count: usize,
     framing: Framing,
+    max_message: usize,
     /// `safe` mode with OpenFlow: lanes carry fence markers.
     markers: bool,
     /// Report the switch's FEATURES_REPLY (messages travel towards the controller).
@@ -79,16 +85,10 @@ impl Inbound {
     ) -> Inbound {
         let safe = matches!(mode, StreamMode::Safe { .. });
         Inbound {
-            lanes: (0..mode.lanes_for(framing))
-                .map(|_| Lane {
-                    framer: Framer::new(framing, max_message),
-                    buf: BytesMut::new(),
-                    consumed: 0,
-                    wait: Vec::new(),
-                    finished: false,
-                })
-                .collect(),
+            lanes: Vec::new(),
+            lane_count: mode.lanes_for(framing),
             framing,
+            max_message,
             markers: safe && framing == Framing::OpenFlow,
             watch_handshake: safe
                 && framing == Framing::OpenFlow
@@ -102,7 +102,24 @@ impl Inbound {
 
     /// Lanes the peer may use in this direction.
     pub fn lanes(&self) -> usize {
-        self.lanes.len()
+        self.lane_count
+    }
+
+    /// Lane `i`, made on first use; `None` outside the session's lanes.
+    fn lane_mut(&mut self, i: usize) -> Option<&mut Lane> {
+        if i >= self.lane_count {
+            return None;
+        }
+        while self.lanes.len() <= i {
+            self.lanes.push(Lane {
+                framer: Framer::new(self.framing, self.max_message),
+                buf: BytesMut::new(),
+                consumed: 0,
+                wait: Vec::new(),
+                finished: false,
+            });
+        }
+        Some(&mut self.lanes[i])
     }
 
     /// True while `lane`'s next message waits for other lanes: reading more of it
@@ -128,13 +145,10 @@ impl Inbound {
     /// messages is passed on without copying.
     pub fn push(&mut self, lane: usize, chunk: Bytes) -> Result<Vec<Bytes>, InboundError> {
         self.run_lanes.clear();
-        let n = self.lanes.len();
-        let l = self
-            .lanes
-            .get_mut(lane)
-            .ok_or(InboundError::BadLane(lane))?;
+        let markers = self.markers;
+        let l = self.lane_mut(lane).ok_or(InboundError::BadLane(lane))?;
         let mut out = Vec::new();
-        if !self.markers && l.buf.is_empty() {
+        if !markers && l.buf.is_empty() {
             let mut len = 0;
             while let Some(m) = l
                 .framer
@@ -157,7 +171,7 @@ impl Inbound {
         // Releasing one lane can unblock others: repeat until nothing moves.
         loop {
             let mut progress = false;
-            for i in 0..n {
+            for i in 0..self.lanes.len() {
                 progress |= self.drain_lane(i, &mut out)?;
             }
             if !progress {
@@ -172,10 +186,11 @@ impl Inbound {
         loop {
             if !self.lanes[i].wait.is_empty() {
                 let lanes = &self.lanes;
+                // A lane not seen yet has consumed nothing.
                 if !lanes[i]
                     .wait
                     .iter()
-                    .all(|&(j, off)| lanes[j].consumed >= off)
+                    .all(|&(j, off)| lanes.get(j).map_or(0, |l| l.consumed) >= off)
                 {
                     return Ok(progress);
                 }
@@ -183,7 +198,7 @@ impl Inbound {
                 progress = true;
             }
             let markers = self.markers;
-            let n = self.lanes.len();
+            let n = self.lane_count;
             let l = &mut self.lanes[i];
             let frame = |l: &mut Lane, at: usize| {
                 l.framer
@@ -254,8 +269,9 @@ impl Inbound {
     /// Marks `lane` as ended by its sender; true once every lane has ended and
     /// everything received has been released.
     pub fn finish(&mut self, lane: usize) -> Result<bool, TruncatedLane> {
-        if let Some(l) = self.lanes.get_mut(lane) {
-            let partial = partial_tail(&l.buf, self.framing);
+        let framing = self.framing;
+        if let Some(l) = self.lane_mut(lane) {
+            let partial = partial_tail(&l.buf, framing);
             if partial > 0 {
                 return Err(TruncatedLane {
                     lane,
@@ -269,7 +285,8 @@ impl Inbound {
 
     /// True when every lane has ended and nothing is left to release.
     pub fn is_done(&self) -> bool {
-        self.lanes.iter().all(|l| l.finished && l.buf.is_empty())
+        self.lanes.len() == self.lane_count
+            && self.lanes.iter().all(|l| l.finished && l.buf.is_empty())
     }
 }
 

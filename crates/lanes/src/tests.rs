@@ -227,6 +227,31 @@ fn a_lane_ending_mid_message_is_reported() {
 }
 
 #[test]
+fn a_session_ends_only_once_every_lane_has_ended_even_lanes_never_used() {
+    let mut inbound = Inbound::new(
+        Framing::OpenFlow,
+        MAX,
+        StreamMode::RoundRobin { lanes: 4 },
+        Direction::ToSwitch,
+    );
+    let m = of_message(1, 20);
+    assert_eq!(
+        inbound.push(0, Bytes::copy_from_slice(&m)).unwrap().len(),
+        1
+    );
+    assert_eq!(
+        inbound.push(4, Bytes::new()),
+        Err(inbound::InboundError::BadLane(4))
+    );
+    assert_eq!(inbound.finish(0), Ok(false));
+    // Lanes 1 and 3 never carried anything: still not done without them.
+    assert_eq!(inbound.finish(2), Ok(false));
+    assert_eq!(inbound.finish(1), Ok(false));
+    assert!(!inbound.is_done());
+    assert_eq!(inbound.finish(3), Ok(true));
+}
+
+#[test]
 fn bad_peer_input_is_an_error_not_a_panic() {
     let mut inbound = Inbound::new(
         Framing::JsonRpc,

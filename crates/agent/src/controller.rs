@@ -397,7 +397,7 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
                 // full, rather than let every handshake slow all the others down.
                 Some(incoming) => match inner.admission.try_admit() {
                     Some(permit) if waiting.is_empty() => {
-                        handlers.spawn(handle_connection(inner.clone(), incoming, permit));
+                        handlers.spawn(handle_connection(inner.clone(), Box::new(incoming), permit));
                     }
                     permit => {
                         drop(permit);
@@ -419,7 +419,7 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
                     let Some(permit) = inner.admission.try_admit() else { break };
                     match waiting.pop(Instant::now(), refuse) {
                         Some(incoming) => {
-                            handlers.spawn(handle_connection(inner.clone(), incoming, permit));
+                            handlers.spawn(handle_connection(inner.clone(), Box::new(incoming), permit));
                         }
                         None => break,
                     }
@@ -456,7 +456,11 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
 
 /// Serves one switch agent's connection. `permit` counts its handshake
 /// against `--max-handshakes` until the handshake has completed or failed.
-async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit: Permit) {
+/// Serves one switch's connection from its first packet to its end. The
+/// future lives as long as the connection, so what only the handshake needs
+/// is boxed and freed after it (`incoming`, and the rare waits for the
+/// switches' map), rather than kept in every idle connection (issue 18).
+async fn handle_connection(inner: Arc<Inner>, incoming: Box<quinn::Incoming>, permit: Permit) {
     let mut permit = Some(permit);
     let remote = incoming.remote_address();
     // With --qlog-dir the file is named by the address until the switch is known.
@@ -582,7 +586,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
         confirmed.send_replace(Handshake::Complete);
         inner.metrics.zero_rtt(&switch, true);
     }
-    register(&inner, &switch, &link).await;
+    Box::pin(register(&inner, &switch, &link)).await;
     inner.metrics.link_up(&link);
     let serial = identity::peer_certificate(&conn).map(|c| c.serial);
     info!(
@@ -592,7 +596,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: quinn::Incoming, permit:
     let reason = serving.await;
     inner.metrics.link_down(&link, &reason);
     info!(switch = %switch, %remote, "switch agent disconnected: {reason}");
-    unregister(&inner, &switch, &link).await;
+    Box::pin(unregister(&inner, &switch, &link)).await;
 }
 
 fn handshake_failed(inner: &Inner, remote: SocketAddr, e: &quinn::ConnectionError) {

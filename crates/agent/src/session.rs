@@ -501,7 +501,7 @@ pub async fn run(
     );
     tap.opened();
     let (abort_tx, abort_rx) = watch::channel(None::<u32>);
-    let (events_tx, events_rx) = mpsc::unbounded_channel();
+    let events = EventQueue::default();
     // ECHO_REPLYs the out-pump's echo stand-in writes through the in-pump,
     // which owns the local socket's writing half.
     let echo = info
@@ -560,7 +560,7 @@ pub async fn run(
         (coalescer, outbound),
         streams.send,
         lane_opener,
-        (events_rx, echo),
+        (events.clone(), echo),
         abort_rx.clone(),
         gate(true),
         (sent_meter, tap.clone(), info.direction),
@@ -570,7 +570,7 @@ pub async fn run(
         (inbound, HelloState::new(info.hello.clone())),
         (streams.recv, streams.initial),
         (streams.lanes, replies_rx),
-        events_tx,
+        events,
         abort_rx,
         gate(false),
         (delivered_meter, tap.clone(), received),
@@ -626,6 +626,31 @@ pub async fn run(
     }
     log_end(&info, &meter, first_failure, counts);
     Outcome::Done
+}
+
+/// What the in-pump tells the out-pump, which reads it between its reads. A
+/// shared list rather than a channel: nothing waits on it, and a tokio channel
+/// allocates 32 slots up front for every session, idle ones too (issue 18).
+#[derive(Clone, Default)]
+struct EventQueue(Arc<std::sync::Mutex<Vec<InboundEvent>>>);
+
+impl EventQueue {
+    fn push(&self, events: Vec<InboundEvent>) {
+        if !events.is_empty() {
+            self.list().extend(events);
+        }
+    }
+
+    fn take(&self) -> Vec<InboundEvent> {
+        std::mem::take(&mut *self.list())
+    }
+
+    fn list(&self) -> std::sync::MutexGuard<'_, Vec<InboundEvent>> {
+        // Pushing and taking cannot leave the list half-changed.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// Opens this side's further lanes of a session.
@@ -731,21 +756,24 @@ struct OutEnd {
     replay: Option<BytesMut>,
 }
 
+/// Not an `async fn`: an async fn keeps its arguments in its future beside
+/// the pump they were moved into. Built here, the future holds only the pump
+/// and the reader, for the life of every idle session (issue 18).
 #[allow(clippy::too_many_arguments)] // One pump's parts, named at its one caller.
-async fn pump_out(
+fn pump_out(
     mut rd: LocalRead,
     preread: Bytes,
     (coalescer, outbound): (Option<Coalescer>, Outbound),
     main: SendStream,
     opener: LaneOpener,
     (events, echo): (
-        mpsc::UnboundedReceiver<InboundEvent>,
+        EventQueue,
         Option<(EchoAnswer, mpsc::UnboundedSender<Bytes>)>,
     ),
     abort: watch::Receiver<Option<u32>>,
     gate: Option<Gate>,
     (meter, tap, direction): (Meter, SessionTap, Direction),
-) -> OutEnd {
+) -> impl Future<Output = OutEnd> {
     let lanes = outbound.lanes();
     let mut out = OutPump {
         coalescer,
@@ -767,25 +795,27 @@ async fn pump_out(
     };
     out.ingest(&preread);
     out.advance(!preread.is_empty(), false);
-    let end = out.run(&mut rd).await;
-    // Streams already finished stay finished (the peer delivers what they carry);
-    // only a direction cut short is reset.
-    let reset = match &end {
-        End::Aborted => Some((*out.abort.borrow()).unwrap_or(code::LOCAL_ABORT)),
-        End::LocalIo(_) | End::RemoteStopped(_) | End::RemoteMalformed(_) => {
-            Some(code::LOCAL_ABORT)
+    async move {
+        let end = out.run(&mut rd).await;
+        // Streams already finished stay finished (the peer delivers what they carry);
+        // only a direction cut short is reset.
+        let reset = match &end {
+            End::Aborted => Some((*out.abort.borrow()).unwrap_or(code::LOCAL_ABORT)),
+            End::LocalIo(_) | End::RemoteStopped(_) | End::RemoteMalformed(_) => {
+                Some(code::LOCAL_ABORT)
+            }
+            _ => None,
+        };
+        if let Some(c) = reset {
+            out.reset_all(c);
         }
-        _ => None,
-    };
-    if let Some(c) = reset {
-        out.reset_all(c);
-    }
-    OutEnd {
-        end,
-        messages: out.messages,
-        bytes: out.bytes,
-        rd,
-        replay: out.replay.take(),
+        OutEnd {
+            end,
+            messages: out.messages,
+            bytes: out.bytes,
+            rd,
+            replay: out.replay.take(),
+        }
     }
 }
 
@@ -795,7 +825,7 @@ struct OutPump {
     outbound: Outbound,
     sends: Vec<Option<SendStream>>,
     opener: LaneOpener,
-    events: mpsc::UnboundedReceiver<InboundEvent>,
+    events: EventQueue,
     /// Until the controller speaks, after a stand-in HELLO (switch agent):
     /// answers OVS's echo requests, and where the answers go.
     echo: Option<(EchoAnswer, mpsc::UnboundedSender<Bytes>)>,
@@ -920,10 +950,12 @@ impl OutPump {
                     // buffer otherwise. Only when it has nothing to read now,
                     // so a busy session does not free and remake it per read.
                     Poll::Pending => {
-                        match &mut self.coalescer {
-                            Some(c) => c.release_idle_buf(),
-                            None => self.outbound.release_idle_buf(),
+                        // Both: what the coalescer let go sits in the
+                        // outbound's buffer until sent.
+                        if let Some(c) = &mut self.coalescer {
+                            c.release_idle_buf();
                         }
+                        self.outbound.release_idle_buf();
                         match or_abort(&mut self.abort, until(due, ready.as_mut())).await {
                             Err(_) => return Err(End::Aborted),
                             Ok(None) => return Ok(None),
@@ -994,7 +1026,7 @@ impl OutPump {
                 Err(e) => return e,
                 Ok(n) => n,
             };
-            while let Ok(event) = self.events.try_recv() {
+            for event in self.events.take() {
                 match event {
                     InboundEvent::HandshakeComplete => self.outbound.handshake_complete(),
                     InboundEvent::EchoRequest(id) => self.outbound.echo_request_received(id),
@@ -1159,38 +1191,6 @@ enum InEvent {
     EchoReply(Bytes),
 }
 
-/// Returns how it ended, and the bytes it delivered locally.
-#[allow(clippy::too_many_arguments)] // One pump's parts, named at its one caller.
-async fn pump_in(
-    wr: LocalWrite,
-    inbound: (Inbound, HelloState),
-    main: (RecvStream, Bytes),
-    lanes: (
-        mpsc::UnboundedReceiver<Box<IncomingLane>>,
-        Option<mpsc::UnboundedReceiver<Bytes>>,
-    ),
-    events: mpsc::UnboundedSender<InboundEvent>,
-    abort: watch::Receiver<Option<u32>>,
-    gate: Option<Gate>,
-    (mut meter, tap, received): (Meter, SessionTap, Direction),
-) -> (End, u64, LocalWrite) {
-    let mut bytes = 0;
-    let mut wr = wr;
-    let end = pump_in_inner(
-        &mut wr,
-        inbound,
-        main,
-        lanes,
-        events,
-        abort,
-        gate,
-        &mut bytes,
-        (&mut meter, &tap, received),
-    )
-    .await;
-    (end, bytes, wr)
-}
-
 /// Delivers `runs` locally, through the 0-RTT gate while there is one; waits for
 /// the handshake if the gate holds a message (or `at_end`) and then delivers
 /// what it held. Returns the end and the abort code on failure.
@@ -1233,21 +1233,22 @@ async fn deliver(
     Ok(())
 }
 
+/// Returns how it ended, the bytes it delivered locally, and the local writer.
+/// Not an `async fn`, for the reason [`pump_out`] gives.
 #[allow(clippy::too_many_arguments)] // One pump's parts, named at its one caller.
-async fn pump_in_inner(
-    wr: &mut LocalWrite,
+fn pump_in(
+    mut wr: LocalWrite,
     (mut inbound, mut hello): (Inbound, HelloState),
     main: (RecvStream, Bytes),
     (mut lanes, mut echo_replies): (
         mpsc::UnboundedReceiver<Box<IncomingLane>>,
         Option<mpsc::UnboundedReceiver<Bytes>>,
     ),
-    events: mpsc::UnboundedSender<InboundEvent>,
+    events: EventQueue,
     mut abort: watch::Receiver<Option<u32>>,
     mut gate: Option<Gate>,
-    bytes: &mut u64,
-    (meter, tap, received): (&mut Meter, &SessionTap, Direction),
-) -> End {
+    (mut meter, tap, received): (Meter, SessionTap, Direction),
+) -> impl Future<Output = (End, u64, LocalWrite)> {
     let (stop_tx, stop_rx) = watch::channel(None::<u32>);
     let mut feeds: Vec<Option<LaneFeed>> = (0..inbound.lanes()).map(|_| None).collect();
     // Each lane's QUIC stream, for `quicsdn snoop`.
@@ -1256,133 +1257,145 @@ async fn pump_in_inner(
     feeds[0] = Some(LaneFeed::new(main.0, main.1, stop_rx.clone()));
     let mut lanes_open = true;
     let mut start = 0;
-    let (end, stop) = loop {
-        let next = std::future::poll_fn(|cx| {
-            if lanes_open && let Poll::Ready(l) = lanes.poll_recv(cx) {
-                return Poll::Ready(l.map_or(InEvent::NoMoreLanes, InEvent::NewLane));
-            }
-            // Between runs: the local peer gets whole messages only.
-            if let Some(r) = echo_replies.as_mut()
-                && let Poll::Ready(reply) = r.poll_recv(cx)
-            {
-                match reply {
-                    Some(reply) => return Poll::Ready(InEvent::EchoReply(reply)),
-                    // The echo stand-in has stopped.
-                    None => echo_replies = None,
+    let mut bytes = 0;
+    async move {
+        let (end, stop) = loop {
+            let next = std::future::poll_fn(|cx| {
+                if lanes_open && let Poll::Ready(l) = lanes.poll_recv(cx) {
+                    return Poll::Ready(l.map_or(InEvent::NoMoreLanes, InEvent::NewLane));
                 }
-            }
-            let n = feeds.len();
-            for k in 0..n {
-                let i = (start + k) % n;
-                if inbound.is_blocked(i) {
-                    continue;
-                }
-                if let Some(feed) = feeds[i].as_mut().filter(|f| !f.done)
-                    && let Poll::Ready(r) = feed.poll_next(cx)
+                // Between runs: the local peer gets whole messages only.
+                if let Some(r) = echo_replies.as_mut()
+                    && let Poll::Ready(reply) = r.poll_recv(cx)
                 {
-                    return Poll::Ready(InEvent::Chunk(i, r));
+                    match reply {
+                        Some(reply) => return Poll::Ready(InEvent::EchoReply(reply)),
+                        // The echo stand-in has stopped.
+                        None => echo_replies = None,
+                    }
                 }
-            }
-            Poll::Pending
-        });
-        let event = match or_abort(&mut abort, next).await {
-            Err(c) => break (End::Aborted, Some(c)),
-            Ok(e) => e,
-        };
-        match event {
-            InEvent::NoMoreLanes => lanes_open = false,
-            InEvent::EchoReply(reply) => {
-                debug!(
-                    "answered OVS's echo request in the controller's stead (the controller has not spoken yet)"
-                );
-                match or_abort(&mut abort, wr.write_all(&reply)).await {
-                    Err(c) => break (End::Aborted, Some(c)),
-                    Ok(Err(e)) => break (End::LocalIo(e), Some(code::LOCAL_ABORT)),
-                    Ok(Ok(())) => {}
+                let n = feeds.len();
+                for k in 0..n {
+                    let i = (start + k) % n;
+                    if inbound.is_blocked(i) {
+                        continue;
+                    }
+                    if let Some(feed) = feeds[i].as_mut().filter(|f| !f.done)
+                        && let Poll::Ready(r) = feed.poll_next(cx)
+                    {
+                        return Poll::Ready(InEvent::Chunk(i, r));
+                    }
                 }
-            }
-            InEvent::NewLane(l) => {
-                if l.lane >= feeds.len() || feeds[l.lane].is_some() {
-                    let mut recv = l.recv;
-                    let _ = recv.stop(VarInt::from_u32(code::PROTOCOL_VIOLATION));
-                    break (
-                        End::RemoteMalformed(format!(
-                            "lane {} opened twice or out of range",
-                            l.lane
-                        )),
-                        Some(code::PROTOCOL_VIOLATION),
+                Poll::Pending
+            });
+            let event = match or_abort(&mut abort, next).await {
+                Err(c) => break (End::Aborted, Some(c)),
+                Ok(e) => e,
+            };
+            match event {
+                InEvent::NoMoreLanes => lanes_open = false,
+                InEvent::EchoReply(reply) => {
+                    debug!(
+                        "answered OVS's echo request in the controller's stead (the controller has not spoken yet)"
                     );
+                    match or_abort(&mut abort, wr.write_all(&reply)).await {
+                        Err(c) => break (End::Aborted, Some(c)),
+                        Ok(Err(e)) => break (End::LocalIo(e), Some(code::LOCAL_ABORT)),
+                        Ok(Ok(())) => {}
+                    }
                 }
-                streams[l.lane] = Some(l.recv.id().into());
-                feeds[l.lane] = Some(LaneFeed::new(l.recv, l.initial, stop_rx.clone()));
-            }
-            InEvent::Chunk(lane, Ok(Some(chunk))) => {
-                start = (lane + 1) % feeds.len();
-                let runs = match inbound.push(lane, chunk) {
-                    Ok(runs) => runs,
-                    Err(e) => {
+                InEvent::NewLane(l) => {
+                    if l.lane >= feeds.len() || feeds[l.lane].is_some() {
+                        let mut recv = l.recv;
+                        let _ = recv.stop(VarInt::from_u32(code::PROTOCOL_VIOLATION));
                         break (
-                            End::RemoteMalformed(e.to_string()),
+                            End::RemoteMalformed(format!(
+                                "lane {} opened twice or out of range",
+                                l.lane
+                            )),
                             Some(code::PROTOCOL_VIOLATION),
                         );
                     }
-                };
-                for ev in inbound.take_events() {
-                    let _ = events.send(ev);
+                    streams[l.lane] = Some(l.recv.id().into());
+                    feeds[l.lane] = Some(LaneFeed::new(l.recv, l.initial, stop_rx.clone()));
                 }
-                for (run, &lane) in runs.iter().zip(inbound.run_lanes()) {
-                    tap.run(received, lane, streams[lane], run);
-                }
-                let runs = match hello.filter(runs) {
-                    Ok(runs) => runs,
-                    Err(e) => break (End::HelloMismatch(e), Some(code::PROTOCOL_VIOLATION)),
-                };
-                if let Err(f) = deliver(wr, runs, &mut gate, &mut abort, false, bytes, meter).await
-                {
-                    break f;
-                }
-            }
-            InEvent::Chunk(lane, Ok(None)) => {
-                if let Some(f) = feeds[lane].as_mut() {
-                    f.done = true;
-                }
-                match inbound.finish(lane) {
-                    Ok(true) => {
-                        if let Err(f) =
-                            deliver(wr, Vec::new(), &mut gate, &mut abort, true, bytes, meter).await
-                        {
-                            break f;
+                InEvent::Chunk(lane, Ok(Some(chunk))) => {
+                    start = (lane + 1) % feeds.len();
+                    let runs = match inbound.push(lane, chunk) {
+                        Ok(runs) => runs,
+                        Err(e) => {
+                            break (
+                                End::RemoteMalformed(e.to_string()),
+                                Some(code::PROTOCOL_VIOLATION),
+                            );
                         }
-                        let _ = wr.shutdown().await;
-                        break (End::Finished, None);
+                    };
+                    events.push(inbound.take_events());
+                    for (run, &lane) in runs.iter().zip(inbound.run_lanes()) {
+                        tap.run(received, lane, streams[lane], run);
                     }
-                    Ok(false) => {}
-                    Err(e) => {
-                        break (
-                            End::RemoteMalformed(e.to_string()),
-                            Some(code::PROTOCOL_VIOLATION),
-                        );
+                    let runs = match hello.filter(runs) {
+                        Ok(runs) => runs,
+                        Err(e) => break (End::HelloMismatch(e), Some(code::PROTOCOL_VIOLATION)),
+                    };
+                    if let Err(f) = deliver(
+                        &mut wr, runs, &mut gate, &mut abort, false, &mut bytes, &mut meter,
+                    )
+                    .await
+                    {
+                        break f;
                     }
                 }
+                InEvent::Chunk(lane, Ok(None)) => {
+                    if let Some(f) = feeds[lane].as_mut() {
+                        f.done = true;
+                    }
+                    match inbound.finish(lane) {
+                        Ok(true) => {
+                            if let Err(f) = deliver(
+                                &mut wr,
+                                Vec::new(),
+                                &mut gate,
+                                &mut abort,
+                                true,
+                                &mut bytes,
+                                &mut meter,
+                            )
+                            .await
+                            {
+                                break f;
+                            }
+                            let _ = wr.shutdown().await;
+                            break (End::Finished, None);
+                        }
+                        Ok(false) => {}
+                        Err(e) => {
+                            break (
+                                End::RemoteMalformed(e.to_string()),
+                                Some(code::PROTOCOL_VIOLATION),
+                            );
+                        }
+                    }
+                }
+                InEvent::Chunk(_, Err(e)) => break (read_end(e), Some(code::LOCAL_ABORT)),
             }
-            InEvent::Chunk(_, Err(e)) => break (read_end(e), Some(code::LOCAL_ABORT)),
+        };
+        // Let reads under way act on the stop signal (STOP_SENDING with the code)
+        // before the session drops the streams; lanes still arriving are refused.
+        let _ = stop_tx.send(stop);
+        if stop.is_some() {
+            for feed in feeds.iter_mut().flatten() {
+                feed.stop().await;
+            }
         }
-    };
-    // Let reads under way act on the stop signal (STOP_SENDING with the code)
-    // before the session drops the streams; lanes still arriving are refused.
-    let _ = stop_tx.send(stop);
-    if stop.is_some() {
-        for feed in feeds.iter_mut().flatten() {
-            feed.stop().await;
+        drop(feeds);
+        lanes.close();
+        while let Ok(l) = lanes.try_recv() {
+            let mut recv = l.recv;
+            let _ = recv.stop(VarInt::from_u32(stop.unwrap_or(code::LOCAL_ABORT)));
         }
+        (end, bytes, wr)
     }
-    drop(feeds);
-    lanes.close();
-    while let Ok(l) = lanes.try_recv() {
-        let mut recv = l.recv;
-        let _ = recv.stop(VarInt::from_u32(stop.unwrap_or(code::LOCAL_ABORT)));
-    }
-    end
 }
 
 /// Refuses a session: reset our sending side and ask the peer to stop, both with

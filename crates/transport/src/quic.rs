@@ -428,8 +428,9 @@ pub enum EndpointError {
 /// controller agent during an outage or are refused; once they are used up the
 /// next attempt is a full handshake, which brings new ones. The controller
 /// agent keeps each ticket's session (about 1 KiB with the switch's
-/// certificate) until it is used or expires: 8 were 7.7 KiB per switch, an
-/// eighth of an idle connection's memory (issue 18), so 4.
+/// certificate, 0.4 KiB since the store keeps the certificate once per
+/// switch) until it is used or expires: 8 were 7.7 KiB per switch, an eighth
+/// of an idle connection's memory (issue 18), so 4.
 pub const TICKETS_PER_CONNECTION: usize = 4;
 
 /// `--qlog-dir`: one qlog file per QUIC connection, in the JSON-SEQ format

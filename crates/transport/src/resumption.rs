@@ -17,12 +17,12 @@
 //! ignored) and rewritten with only live entries, and again whenever it has
 //! grown to twice that.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
-use std::io::{self, Write};
+use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tracing::warn;
 
@@ -40,18 +40,104 @@ pub const SESSION_LIFETIME_SECS: u64 = 24 * 60 * 60;
 /// of 16,384 switches: a restart of a controller agent with 10,000 switches
 /// resumes them all in 0-RTT (32,768 kept only 8,192 switches' tickets, and
 /// fewer than half of 10,000 resumed: docs/results/storm-10000). About 1 KiB
-/// each (the switch's certificate), so at most ~64 MiB, taken only as tickets
-/// are issued.
+/// each as rustls encodes it, most of it the switch's certificate, which the
+/// store keeps once per switch ([`Value`]): about 0.4 KiB each then, so at
+/// most ~30 MiB, taken only as tickets are issued.
 pub const DEFAULT_CAPACITY: usize = 64 * 1024;
 
 struct Entry {
-    value: Vec<u8>,
+    value: Value,
     stored: u64,
     seq: u64,
 }
 
+/// A session as rustls encoded it, with its large DER SEQUENCEs (the
+/// switch's certificate chain) kept once for all the sessions that hold them:
+/// every ticket of a switch carries the same certificate, about 60 % of the
+/// session, and a store holds several per switch, more where attempts fail
+/// and leave tickets behind (issue 18). The bytes are rebuilt exactly; what
+/// counts as shareable is only a question of how much is saved.
+struct Value(Vec<Piece>);
+
+enum Piece {
+    Own(Box<[u8]>),
+    Shared(Arc<[u8]>),
+}
+
+/// A DER SEQUENCE with a two-byte length (X.690 §8.1.3.5: `0x30`, then
+/// `0x82` and the length) of at least this many bytes is stored once. A
+/// certificate is one; a random match in the secrets costs nothing but a
+/// table entry for as long as its session lives.
+const SHARED_MIN: usize = 256;
+
+impl Value {
+    fn new(bytes: &[u8], shared: &mut HashSet<Arc<[u8]>>) -> Value {
+        let mut pieces = Vec::new();
+        let (mut at, mut own_from) = (0, 0);
+        while at + 4 <= bytes.len() {
+            let len = 4 + usize::from(u16::from_be_bytes([bytes[at + 2], bytes[at + 3]]));
+            if bytes[at] == 0x30
+                && bytes[at + 1] == 0x82
+                && len >= SHARED_MIN
+                && at + len <= bytes.len()
+            {
+                if own_from < at {
+                    pieces.push(Piece::Own(bytes[own_from..at].into()));
+                }
+                let blob = &bytes[at..at + len];
+                let blob = match shared.get(blob) {
+                    Some(b) => b.clone(),
+                    None => {
+                        let b: Arc<[u8]> = blob.into();
+                        shared.insert(b.clone());
+                        b
+                    }
+                };
+                pieces.push(Piece::Shared(blob));
+                at += len;
+                own_from = at;
+            } else {
+                at += 1;
+            }
+        }
+        if own_from < bytes.len() {
+            pieces.push(Piece::Own(bytes[own_from..].into()));
+        }
+        Value(pieces)
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.write_to(&mut out);
+        out
+    }
+
+    fn write_to(&self, out: &mut Vec<u8>) {
+        for p in &self.0 {
+            out.extend_from_slice(match p {
+                Piece::Own(b) => b,
+                Piece::Shared(b) => b,
+            });
+        }
+    }
+
+    /// Forgets the shared pieces only this session still held.
+    fn release(self, shared: &mut HashSet<Arc<[u8]>>) {
+        for p in self.0 {
+            // Held by the table and by this session alone.
+            if let Piece::Shared(b) = p
+                && Arc::strong_count(&b) == 2
+            {
+                shared.remove(&b);
+            }
+        }
+    }
+}
+
 struct State {
     entries: HashMap<Vec<u8>, Entry>,
+    /// The pieces sessions share (see [`Value`]).
+    shared: HashSet<Arc<[u8]>>,
     /// Insertion order, for evicting the oldest.
     order: BTreeMap<u64, Vec<u8>>,
     next_seq: u64,
@@ -90,6 +176,7 @@ impl SessionStore {
         SessionStore {
             state: Mutex::new(State {
                 entries: HashMap::new(),
+                shared: HashSet::new(),
                 order: BTreeMap::new(),
                 next_seq: 0,
                 log: None,
@@ -144,11 +231,13 @@ impl SessionStore {
             rest = &rest[used..];
             match record {
                 Record::Put { key, value, stored } if stored >= oldest => {
-                    insert(&mut st, key.to_vec(), value.to_vec(), stored, self.capacity);
+                    insert(&mut st, key.to_vec(), value, stored, self.capacity);
                 }
                 Record::Put { .. } => {}
                 Record::Take { key } => {
-                    remove(&mut st, key);
+                    if let Some(e) = remove(&mut st, key) {
+                        e.value.release(&mut st.shared);
+                    }
                 }
             }
         }
@@ -162,19 +251,25 @@ impl SessionStore {
         };
         let mut st = self.lock();
         let tmp = path.with_extension("tmp");
-        let mut out = Vec::from(MAGIC.as_slice());
+        // Record by record: the whole store at once was tens of MiB in one
+        // buffer at 10,000 switches.
+        let mut f = BufWriter::new(open_private(&tmp, true)?);
+        f.write_all(MAGIC)?;
+        let (mut value, mut record) = (Vec::new(), Vec::new());
         for key in st.order.values() {
             let e = &st.entries[key];
+            value.clear();
+            e.value.write_to(&mut value);
+            record.clear();
             Record::Put {
                 key,
-                value: &e.value,
+                value: &value,
                 stored: e.stored,
             }
-            .encode(&mut out);
+            .encode(&mut record);
+            f.write_all(&record)?;
         }
-        let mut f = open_private(&tmp, true)?;
-        f.write_all(&out)?;
-        f.sync_all()?;
+        f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
         std::fs::rename(&tmp, path)?;
         st.log = Some(open_private(path, false)?);
         st.log_records = st.entries.len();
@@ -224,17 +319,22 @@ fn open_private(path: &Path, truncate: bool) -> io::Result<File> {
     o.open(path)
 }
 
-fn insert(st: &mut State, key: Vec<u8>, value: Vec<u8>, stored: u64, capacity: usize) {
-    remove(st, &key);
+fn insert(st: &mut State, key: Vec<u8>, value: &[u8], stored: u64, capacity: usize) {
+    if let Some(old) = remove(st, &key) {
+        old.value.release(&mut st.shared);
+    }
     let seq = st.next_seq;
     st.next_seq += 1;
+    let value = Value::new(value, &mut st.shared);
     st.order.insert(seq, key.clone());
     st.entries.insert(key, Entry { value, stored, seq });
     while st.entries.len() > capacity {
         let Some((_, oldest)) = st.order.pop_first() else {
             break;
         };
-        st.entries.remove(&oldest);
+        if let Some(e) = st.entries.remove(&oldest) {
+            e.value.release(&mut st.shared);
+        }
     }
 }
 
@@ -320,14 +420,14 @@ impl rustls::server::StoresServerSessions for SessionStore {
                     stored,
                 },
             );
-            insert(&mut st, key, value, stored, self.capacity);
+            insert(&mut st, key, &value, stored, self.capacity);
         }
         self.maybe_compact();
         true
     }
 
     fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
-        self.lock().entries.get(key).map(|e| e.value.clone())
+        self.lock().entries.get(key).map(|e| e.value.bytes())
     }
 
     fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
@@ -336,7 +436,9 @@ impl rustls::server::StoresServerSessions for SessionStore {
         // Logged before the session is used: a ticket is never accepted twice,
         // not even across a restart.
         self.append(&mut st, Record::Take { key });
-        Some(e.value)
+        let value = e.value.bytes();
+        e.value.release(&mut st.shared);
+        Some(value)
     }
 
     fn can_cache(&self) -> bool {
@@ -437,6 +539,73 @@ mod tests {
         let s = SessionStore::open(&path, 100).unwrap();
         assert_eq!(s.get(&k(1)), None);
         assert!(s.get(&k(2)).is_some());
+    }
+
+    /// A stand-in for a DER certificate: SEQUENCE, two-byte length, `n` bytes.
+    fn der(fill: u8, n: u16) -> Vec<u8> {
+        let mut v = vec![0x30, 0x82];
+        v.extend_from_slice(&n.to_be_bytes());
+        v.extend(std::iter::repeat_n(fill, usize::from(n)));
+        v
+    }
+
+    /// A session value as rustls lays it out: secrets, the certificate, more.
+    fn session(secret: u8, cert: &[u8]) -> Vec<u8> {
+        [
+            vec![secret; 48],
+            cert.to_vec(),
+            vec![secret, 0x30, 0x82, 0xff],
+        ]
+        .concat()
+    }
+
+    fn shared_pieces(s: &SessionStore) -> usize {
+        s.lock().shared.len()
+    }
+
+    #[test]
+    fn sessions_of_one_switch_keep_its_certificate_once_and_come_back_byte_for_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sessions");
+        let s = SessionStore::open(&path, 100).unwrap();
+        let (a, b) = (der(0xaa, 600), der(0xbb, 700));
+        for i in 0..4 {
+            assert!(s.put(k(i), session(i, &a)));
+        }
+        s.put(k(9), session(9, &b));
+        // Too short to share, and a header whose length runs past the end.
+        s.put(k(10), [der(0xcc, 100), vec![0x30, 0x82, 0x01]].concat());
+        assert_eq!(shared_pieces(&s), 2);
+        {
+            let st = s.lock();
+            let held = |key: u8| match &st.entries[&k(key)].value.0[1] {
+                Piece::Shared(p) => p.clone(),
+                Piece::Own(_) => panic!("the certificate was not shared"),
+            };
+            assert!(Arc::ptr_eq(&held(0), &held(3)));
+        }
+        assert_eq!(s.get(&k(1)), Some(session(1, &a)));
+        assert_eq!(s.take(&k(0)), Some(session(0, &a)));
+        assert_eq!(s.take(&k(9)), Some(session(9, &b)));
+        assert_eq!(shared_pieces(&s), 1, "b went with its last session");
+        assert_eq!(
+            s.get(&k(10)),
+            Some([der(0xcc, 100), vec![0x30, 0x82, 0x01]].concat())
+        );
+        // What the file holds, and rebuilt from it, is the same bytes.
+        drop(s);
+        let s = SessionStore::open(&path, 100).unwrap();
+        assert_eq!(shared_pieces(&s), 1);
+        for i in 1..4 {
+            assert_eq!(s.take(&k(i)), Some(session(i, &a)));
+        }
+        assert_eq!(shared_pieces(&s), 0);
+        // Evicted sessions let go of their pieces too.
+        let s = SessionStore::in_memory(2);
+        for i in 0..3 {
+            s.put(k(i), session(i, &der(i, 300)));
+        }
+        assert_eq!(shared_pieces(&s), 2);
     }
 
     #[test]

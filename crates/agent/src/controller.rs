@@ -456,10 +456,9 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
 
 /// Serves one switch agent's connection. `permit` counts its handshake
 /// against `--max-handshakes` until the handshake has completed or failed.
-/// Serves one switch's connection from its first packet to its end. The
-/// future lives as long as the connection, so what only the handshake needs
-/// is boxed and freed after it (`incoming`, and the rare waits for the
-/// switches' map), rather than kept in every idle connection (issue 18).
+/// The future lives as long as the connection, so what only its start and
+/// end need is boxed (`incoming`, and the waits for the switches' map)
+/// rather than kept in every idle connection's task (issue 18).
 async fn handle_connection(inner: Arc<Inner>, incoming: Box<quinn::Incoming>, permit: Permit) {
     let mut permit = Some(permit);
     let remote = incoming.remote_address();

@@ -36,14 +36,16 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Default `--max-handshakes`. Chosen with `quicsdn-lab bench storm`
-/// (docs/benchmarks.md, "bench storm"): a full handshake costs the controller
-/// agent 1.1–1.7 ms of CPU, so 1,024 under way are well under a second of work
-/// on two cores, and admitted handshakes finish within Open vSwitch's
-/// one-second wait for the controller's HELLO instead of all slowing down
-/// together. Lower caps engaged in storms of 500–1,000 switches and made them
-/// slower (refused switch agents missed that window more often), so the cap
-/// stays above the storms measured here.
-pub const DEFAULT_MAX_HANDSHAKES: usize = 1024;
+/// (docs/scale.md, "The handshake cap at 10,000 switches"): since attempts
+/// over the cap wait instead of being refused, 128 brought 10,000 switches
+/// back after a SIGTERM restart in 70–78 s with 3,700–8,800 OVS HELLO
+/// timeouts and 3.0–3.4 ms of controller-agent CPU per switch, against
+/// 80–137 s, 19,000–27,000 and 4.9–8.4 ms with 1,024 (three runs each), and
+/// it left 64–67 KiB per idle connection instead of 76–83: fewer handshakes
+/// competing for the CPU leave fewer connections with backlogs. At 1,000
+/// switches (0-RTT and full handshakes, SIGTERM and SIGKILL) the times were
+/// the same within the runs' spread, with no HELLO timeout either way.
+pub const DEFAULT_MAX_HANDSHAKES: usize = 128;
 
 /// Counts handshakes in progress and refuses those over the limit.
 #[derive(Debug)]
@@ -156,8 +158,10 @@ impl Admission {
 }
 
 /// Attempts per handshake permit that may wait ([`Waiting::new`]): with the
-/// default 1,024 permits, 16,384 attempts, more than a 10,000-switch restart
-/// sends at once. Each holds its first datagrams (a few KiB) meanwhile.
+/// default 128 permits, 2,048 attempts. Each holds its first datagrams (a few
+/// KiB) meanwhile. Beyond them attempts are refused, and each refusal costs
+/// the switch a ticket: a 10,000-switch restart refused 140,000–175,000 (a
+/// longer queue is not measured).
 pub const WAITING_PER_PERMIT: usize = 16;
 
 /// Connection attempts waiting for a handshake permit, returning switches

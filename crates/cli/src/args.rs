@@ -528,9 +528,11 @@ pub struct ControllerArgs {
     #[arg(long, value_name = "FILE")]
     pub session_store: Option<PathBuf>,
     /// Handshake admission control: QUIC handshakes under way at once. Attempts
-    /// beyond are refused at once (CONNECTION_REFUSED) and the switch agents come
-    /// back within a second, so a reconnect storm after a restart is served at the
-    /// pace the CPU allows instead of collapsing. 0: no limit. [default: 1024]
+    /// beyond wait for a free slot (returning switches first) and are refused
+    /// (CONNECTION_REFUSED) only after waiting 2/3 of the idle timeout or when 16
+    /// per slot already wait; a refused switch agent comes back within a second.
+    /// So a reconnect storm after a restart is served at the pace the CPU allows
+    /// instead of collapsing. 0: no limit. [default: 128]
     #[arg(long, value_name = "N")]
     pub max_handshakes: Option<usize>,
     /// Worker processes sharing the UDP port (SO_REUSEPORT), one per core to

@@ -73,7 +73,7 @@ pub struct StormArgs {
     pub quick: bool,
     /// Comma-separated configurations, each `0rtt` or `1rtt` (0-RTT resumption
     /// with a --session-store, or --no-zero-rtt) followed by `-admission` (the
-    /// agents' defaults: --max-handshakes=1024, --reconnect-jitter=0s) or by
+    /// agents' defaults: --max-handshakes=128, --reconnect-jitter=0s) or by
     /// `-capN` and/or `-jitterD` (e.g. `1rtt-cap64-jitter1s`); neither means no
     /// admission control (--max-handshakes=0, --reconnect-jitter=0s).
     /// `-nostandin` turns the switch agents' HELLO stand-in off

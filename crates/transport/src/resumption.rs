@@ -42,7 +42,7 @@ pub const SESSION_LIFETIME_SECS: u64 = 24 * 60 * 60;
 /// fewer than half of 10,000 resumed: docs/results/storm-10000). About 1 KiB
 /// each as rustls encodes it, most of it the switch's certificate, which the
 /// store keeps once per switch ([`Value`]): about 0.4 KiB each then, so at
-/// most ~30 MiB, taken only as tickets are issued.
+/// most ~40 MiB with the certificates, taken only as tickets are issued.
 pub const DEFAULT_CAPACITY: usize = 64 * 1024;
 
 struct Entry {

@@ -158,11 +158,15 @@ impl Admission {
 }
 
 /// Attempts per handshake permit that may wait ([`Waiting::new`]): with the
-/// default 128 permits, 2,048 attempts. Each holds its first datagrams (a few
-/// KiB) meanwhile. Beyond them attempts are refused, and each refusal costs
-/// the switch a ticket: a 10,000-switch restart refused 140,000–175,000 (a
-/// longer queue is not measured).
-pub const WAITING_PER_PERMIT: usize = 16;
+/// default 128 permits, 16,384 attempts, more than a 10,000-switch restart
+/// sends at once. Each holds its first datagrams (a few KiB) meanwhile.
+/// Beyond them attempts are refused, and each refusal costs the switch a
+/// ticket. At 10,000 switches (docs/scale.md) 16 per permit refused
+/// 140,000–175,000 attempts in a SIGTERM restart and 128 per permit
+/// 48,000–57,000: all back in 56–61 s instead of 70–78, 75–4,914 OVS HELLO
+/// timeouts instead of 3,702–8,835, but 64.7–78.2 KiB per idle connection
+/// instead of 64.0–67.1 (three runs each).
+pub const WAITING_PER_PERMIT: usize = 128;
 
 /// Connection attempts waiting for a handshake permit, returning switches
 /// (address validated by a token) before others, each class first come first

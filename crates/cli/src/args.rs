@@ -529,7 +529,7 @@ pub struct ControllerArgs {
     pub session_store: Option<PathBuf>,
     /// Handshake admission control: QUIC handshakes under way at once. Attempts
     /// beyond wait for a free slot (returning switches first) and are refused
-    /// (CONNECTION_REFUSED) only after waiting 2/3 of the idle timeout or when 16
+    /// (CONNECTION_REFUSED) only after waiting 2/3 of the idle timeout or when 128
     /// per slot already wait; a refused switch agent comes back within a second.
     /// So a reconnect storm after a restart is served at the pace the CPU allows
     /// instead of collapsing. 0: no limit. [default: 128]

@@ -121,14 +121,14 @@ impl Value {
         }
     }
 
-    /// Forgets the shared pieces only this session still held.
-    fn release(self, shared: &mut HashSet<Arc<[u8]>>) {
-        for p in self.0 {
+    /// Forgets the shared pieces only this session still holds.
+    fn release(&self, shared: &mut HashSet<Arc<[u8]>>) {
+        for p in &self.0 {
             // Held by the table and by this session alone.
             if let Piece::Shared(b) = p
-                && Arc::strong_count(&b) == 2
+                && Arc::strong_count(b) == 2
             {
-                shared.remove(&b);
+                shared.remove(b);
             }
         }
     }
@@ -235,9 +235,7 @@ impl SessionStore {
                 }
                 Record::Put { .. } => {}
                 Record::Take { key } => {
-                    if let Some(e) = remove(&mut st, key) {
-                        e.value.release(&mut st.shared);
-                    }
+                    remove(&mut st, key);
                 }
             }
         }
@@ -320,9 +318,7 @@ fn open_private(path: &Path, truncate: bool) -> io::Result<File> {
 }
 
 fn insert(st: &mut State, key: Vec<u8>, value: &[u8], stored: u64, capacity: usize) {
-    if let Some(old) = remove(st, &key) {
-        old.value.release(&mut st.shared);
-    }
+    remove(st, &key);
     let seq = st.next_seq;
     st.next_seq += 1;
     let value = Value::new(value, &mut st.shared);
@@ -332,15 +328,15 @@ fn insert(st: &mut State, key: Vec<u8>, value: &[u8], stored: u64, capacity: usi
         let Some((_, oldest)) = st.order.pop_first() else {
             break;
         };
-        if let Some(e) = st.entries.remove(&oldest) {
-            e.value.release(&mut st.shared);
-        }
+        remove(st, &oldest);
     }
 }
 
+/// Takes a session out, with the shared pieces only it held.
 fn remove(st: &mut State, key: &[u8]) -> Option<Entry> {
     let e = st.entries.remove(key)?;
     st.order.remove(&e.seq);
+    e.value.release(&mut st.shared);
     Some(e)
 }
 
@@ -436,9 +432,7 @@ impl rustls::server::StoresServerSessions for SessionStore {
         // Logged before the session is used: a ticket is never accepted twice,
         // not even across a restart.
         self.append(&mut st, Record::Take { key });
-        let value = e.value.bytes();
-        e.value.release(&mut st.shared);
-        Some(value)
+        Some(e.value.bytes())
     }
 
     fn can_cache(&self) -> bool {

@@ -367,24 +367,36 @@ impl Multihomed {
     /// Changes both directions' loss of both paths (the client-side paths
     /// of the paper's Fig. 8), keeping the other settings.
     pub fn set_loss(&self, loss: emulator::model::LossModel) -> Result<()> {
-        for l in &self.links {
-            l.control().set_both(emulator::control::DirPatch {
+        for path in 0..self.links.len() {
+            self.set_path_loss(path, loss)?;
+        }
+        Ok(())
+    }
+
+    /// Changes both directions' loss of path `path` (0: A, 1: B).
+    pub fn set_path_loss(&self, path: usize, loss: emulator::model::LossModel) -> Result<()> {
+        self.path_control(path)
+            .set_both(emulator::control::DirPatch {
                 loss: Some(loss),
                 ..Default::default()
             })?;
-        }
         Ok(())
     }
 
     /// Cuts or restores path `path` (0: A, 1: B), both directions.
     pub fn set_path_up(&self, path: usize, up: bool) -> Result<()> {
-        self.links[path]
-            .control()
+        self.path_control(path)
             .set_both(emulator::control::DirPatch {
                 up: Some(up),
                 ..Default::default()
             })?;
         Ok(())
+    }
+
+    /// The control handle of path `path`'s emulator, for use from another
+    /// thread (a path restored at its time while a probe waits).
+    pub fn path_control(&self, path: usize) -> emulator::LinkControl {
+        self.links[path].control()
     }
 
     pub fn reset_counters(&self) -> Result<()> {
@@ -446,6 +458,75 @@ impl Multihomed {
     pub fn stop(&mut self, p: &ProcRecord) -> Result<()> {
         self.procs.retain(|q| q.pid != p.pid);
         p.terminate(Duration::from_secs(3))
+    }
+}
+
+/// One direction of a path from the benches' `--rtt` (half of it each way)
+/// and `--rate` options.
+pub fn path_settings(rtt: &str, rate: &str) -> Result<DirSettings> {
+    Ok(DirSettings {
+        delay_ns: emulator::units::parse_duration_ns(rtt)
+            .map_err(|e| anyhow::anyhow!("--rtt: {e}"))?
+            / 2,
+        rate_bps: emulator::units::parse_rate_bps(rate)
+            .map_err(|e| anyhow::anyhow!("--rate: {e}"))?,
+        ..Default::default()
+    })
+}
+
+/// A second, real switch whose control channel crosses the lab
+/// (control-channel bicast): Open vSwitch with bridge `br0` (no ports) in the
+/// client namespace, its `quicsdn switch` there, and a `quicsdn controller`
+/// in the server namespace that hands OpenFlow to `openflow_target` there.
+/// The lab adopts all of it: it stops with the lab.
+pub struct ControlledSwitch {
+    pub ovs: Ovs,
+}
+
+impl ControlledSwitch {
+    pub const BRIDGE: &'static str = "br0";
+    /// The controller agent's UDP port on the server's address.
+    pub const AGENT_PORT: u16 = 6653;
+
+    /// Starts it and points OVS at its switch agent; `controller_extra` are
+    /// extra options of the controller agent. Does not wait for OVS to
+    /// connect: the controller behind `openflow_target` must be listening.
+    pub fn start(
+        lab: &mut Multihomed,
+        dir: &Path,
+        dpid: u64,
+        openflow_target: &str,
+        controller_extra: &[String],
+    ) -> Result<ControlledSwitch> {
+        let (server, client) = (lab.server_ns(), lab.client_ns());
+        let ovs = Ovs::start(&client, dir)?;
+        lab.ovs.push(ovs.clone());
+        let mut bridge = BridgeConfig::new(Self::BRIDGE);
+        bridge.datapath_id = Some(dpid);
+        ovs.add_bridge(&bridge)?;
+        let agent = format!("{SERVER_IP}:{}", Self::AGENT_PORT);
+        let ctl = start_controller_agent(
+            &server,
+            &agent,
+            &lab.issue("controlled-ctl")?,
+            &[format!("openflow={openflow_target}")],
+            controller_extra,
+            &dir.join("quicsdn-controller.log"),
+        )?;
+        lab.adopt(ctl);
+        let sock = openflow_socket(&ovs.dir);
+        let sw = start_switch_agent(
+            &client,
+            &agent,
+            "controlled-ctl",
+            &lab.issue("controlled-sw")?,
+            &[format!("openflow=punix:{}", sock.display())],
+            &[],
+            &ovs.dir.join("quicsdn-switch.log"),
+        )?;
+        lab.adopt(sw);
+        ovs.set_controller(Self::BRIDGE, &[format!("unix:{}", sock.display())])?;
+        Ok(ControlledSwitch { ovs })
     }
 }
 

@@ -57,8 +57,9 @@ pub struct UpArgs {
     #[arg(long, value_enum, default_value = "bicast")]
     pub mode: Mode,
     /// TCP straight to the server (tcp-*), or through the QUIC proxy pair
-    /// with that congestion controller (quic-*).
-    #[arg(long, value_enum, default_value = "quic-bbr")]
+    /// with that congestion controller (quic-*; quic-bbr-lt is the proxy's
+    /// default).
+    #[arg(long, value_enum, default_value = "quic-bbr-lt")]
     pub variant: Variant,
     /// Rate of each path, each direction.
     #[arg(long, default_value = "100mbit")]

@@ -1,11 +1,11 @@
 //! `quicsdn-lab bench bicast --quick` on the multihomed lab: real OVS (two
 //! instances), os-ken with `controllers/bicast.py` through the quicsdn agents,
 //! two emulated paths with loss, a real HTTP server and curl, TCP CUBIC direct
-//! and QUIC BBR through the proxy pair, unicast and bicast. Checks what the
-//! run produced (never how fast): every download arrived with the file's
-//! sha256, bicast put the server's packets on both paths (the emulator's
-//! counters), unicast on path A only, and OVS holds the group of type ALL
-//! the controller installed.
+//! and QUIC bbr-lt (the proxy's default) through the proxy pair, unicast and
+//! bicast. Checks what the run produced (never how fast): every download
+//! arrived with the file's sha256, bicast put the server's packets on both
+//! paths (the emulator's counters), unicast on path A only, and OVS holds the
+//! group of type ALL the controller installed.
 
 mod common;
 

@@ -238,23 +238,24 @@ pub struct QuicArgs {
     /// detection is --grace's, not this. [default: agents: --grace minus an
     /// eighth of it, at least 750ms (5.25s), longer than Open vSwitch's 5 s
     /// echo cycle so its echoes keep an idle channel alive without PINGs;
-    /// proxy: half of --grace (3s)]
+    /// proxy: a sixth of --grace (5s)]
     #[arg(long, value_name = "DURATION")]
     pub keepalive: Option<String>,
     /// The grace period: how long the connection survives while the other
     /// side is silent (an outage, a migration) before it is declared dead and
     /// the local connections it carried are closed. Agents: keep it below OVS's
-    /// fail-mode timeout (3 × inactivity_probe, 15 s by default). [default: 6s]
+    /// fail-mode timeout (3 × inactivity_probe, 15 s by default). [default: 6s
+    /// for the agents, 30s for the proxy]
     #[arg(long = "grace", alias = "idle-timeout", value_name = "DURATION")]
     pub idle_timeout: Option<String>,
     /// Flow-control window of each stream we receive, e.g. 256k. Smaller bounds how
     /// much the peer queues on one stream (latency behind bulk data), larger
     /// allows more throughput per stream on long paths. [default: 1250000 for
-    /// the agents, 4M for the proxy]
+    /// the agents; for the proxy 8M with bbr-lt, 4M with the other controllers]
     #[arg(long, value_name = "BYTES")]
     pub stream_window: Option<String>,
-    /// Congestion controller: bbr, cubic, newreno, or bbr-lt (loss-tolerant,
-    /// experimental). [default: bbr]
+    /// Congestion controller: bbr (quinn's), cubic, newreno, or bbr-lt (ours,
+    /// loss-tolerant). [default: bbr for the agents, bbr-lt for the proxy]
     #[arg(long, value_name = "NAME")]
     pub congestion: Option<String>,
     /// How often to check --ca, --cert and --key for a new version (their

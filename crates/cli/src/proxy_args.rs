@@ -5,8 +5,9 @@
 use crate::args::{QuicArgs, QuicFile, duration, host_of, load_toml, required};
 use anyhow::{Result, anyhow, bail};
 use clap::{Args, Subcommand};
-use quicsdn_proxy::config::{Side, default_quic};
+use quicsdn_proxy::config::{self, Side, default_quic};
 use quicsdn_proxy::{ClientConfig, Forward, ServerConfig};
+use quicsdn_transport::quic::QuicOptions;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -122,6 +123,18 @@ impl ProxyFile {
     }
 }
 
+/// The proxy's QUIC settings: flags over the file over the proxy's defaults.
+/// Unless either sets the stream window, it follows the congestion
+/// controller (quinn's gap limit, see `default_stream_window`).
+fn proxy_quic(args: &mut QuicArgs, file: &mut QuicFile) -> Result<QuicOptions> {
+    let window_given = args.stream_window.is_some() || file.stream_window.is_some();
+    let mut q = args.quic_options(file, default_quic(), config::keepalive_for)?;
+    if !window_given {
+        q.stream_window = config::default_stream_window(q.congestion);
+    }
+    Ok(q)
+}
+
 impl ProxyServerArgs {
     pub fn resolve(mut self, mut file: ProxyFile) -> Result<ServerConfig> {
         if file.server.is_some()
@@ -135,11 +148,7 @@ impl ProxyServerArgs {
         let config = ServerConfig {
             listen: required(self.listen, file.listen.take(), "listen")?,
             tls: self.quic.tls_files(&mut qf)?,
-            quic: self.quic.quic_options(
-                &mut qf,
-                default_quic(),
-                quicsdn_transport::quic::keepalive_for,
-            )?,
+            quic: proxy_quic(&mut self.quic, &mut qf)?,
             forwards: file.forwards(self.forwards, Side::Server)?,
             connect_timeout: duration(
                 self.connect_timeout,
@@ -172,11 +181,7 @@ impl ProxyClientArgs {
             server,
             bind: self.bind.or(file.bind.take()),
             tls: self.quic.tls_files(&mut qf)?,
-            quic: self.quic.quic_options(
-                &mut qf,
-                default_quic(),
-                quicsdn_transport::quic::keepalive_for,
-            )?,
+            quic: proxy_quic(&mut self.quic, &mut qf)?,
             forwards: file.forwards(self.forwards, Side::Client)?,
             max_backoff: duration(
                 self.max_backoff,
@@ -233,9 +238,13 @@ mod tests {
         let s = server(&a, "").unwrap();
         assert_eq!(s.listen.to_string(), "0.0.0.0:4433");
         assert_eq!(s.forwards[0].target.to_string(), "tcp:127.0.0.1:80");
-        assert_eq!(s.quic.congestion, Congestion::Bbr);
+        assert_eq!(s.quic.congestion, Congestion::BbrLt);
         assert!(!s.quic.zero_rtt);
-        assert_eq!(s.quic.stream_window, 4 << 20);
+        assert_eq!(s.quic.stream_window, 8 << 20);
+        assert_eq!(
+            (s.quic.idle_timeout, s.quic.keepalive),
+            (Duration::from_secs(30), Duration::from_secs(5))
+        );
         let mut a = vec![
             "--server",
             "192.0.2.1:4433",
@@ -253,6 +262,8 @@ mod tests {
         assert_eq!(c.forwards.len(), 2);
         assert_eq!(c.forwards[1].target.to_string(), "ptcp:2222:0.0.0.0");
         assert_eq!(c.quic.congestion, Congestion::Cubic);
+        // The other controllers keep the window below quinn's gap limit.
+        assert_eq!(c.quic.stream_window, 4 << 20);
         assert_eq!(c.max_backoff, Duration::from_secs(8));
     }
 
@@ -274,6 +285,11 @@ mod tests {
         assert_eq!(c.tls.ca, PathBuf::from("/f/ca.crt"));
         assert_eq!(c.quic.congestion, Congestion::NewReno);
         assert_eq!(c.quic.idle_timeout, Duration::from_secs(3));
+        assert_eq!(c.quic.keepalive, Duration::from_millis(500));
+        // A window given (here by the file) wins whatever the controller.
+        let with_window = format!("{file}\nstream-window = \"2M\"");
+        let c = client(&["--forward=db=ptcp:5432"], &with_window).unwrap();
+        assert_eq!(c.quic.stream_window, 2 << 20);
         assert_eq!(c.forwards.len(), 1);
         assert_eq!(c.forwards[0].name, "db");
     }

@@ -8,7 +8,7 @@
 //!   importing `ovs-pki`'s); [`rotation`] —
 //!   reading them again on SIGHUP and when they change on disk.
 //! * [`quic`] — quinn endpoints with quicsdn's transport settings;
-//!   [`loss_tolerant_bbr`] — a loss-tolerant congestion controller (`bbr-lt`, experimental);
+//!   [`loss_tolerant_bbr`] — a loss-tolerant congestion controller (`bbr-lt`, the proxy's default);
 //!   [`resumption`] — the server's TLS session store behind 0-RTT;
 //!   [`keylog`] — TLS secrets for Wireshark (`SSLKEYLOGFILE`, `snoop --keylog`).
 //! * [`backoff`] — OVS-like reconnect backoff with jitter (pure);

@@ -121,8 +121,9 @@ pub enum Congestion {
     Bbr,
     /// BBR's model without quinn's BBR's loss reactions, crediting random
     /// loss up to 25 % to its bandwidth estimate
-    /// ([`crate::loss_tolerant_bbr`]). Experimental: not the default of
-    /// anything, see docs/proxy.md for why.
+    /// ([`crate::loss_tolerant_bbr`]). The proxy's default (bulk data over
+    /// lossy paths, docs/proxy.md); not the agents', whose small control
+    /// messages it has not been measured with.
     BbrLt,
 }
 

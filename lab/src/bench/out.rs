@@ -97,6 +97,16 @@ pub fn md_table(header: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 /// The machine and build this ran on, and the exact command.
+/// The 1, 5 and 15 minute load averages, as /proc/loadavg gives them.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 pub fn provenance() -> String {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let cpu = read("/proc/cpuinfo")

@@ -51,8 +51,9 @@ pub struct ProxyArgs {
     /// Direction(s) of the transfer.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "down,up")]
     pub direction: Vec<Direction>,
-    /// Congestion controller(s) of the proxies, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "bbr")]
+    /// Congestion controller(s) of the proxies, comma-separated (bbr-lt is
+    /// the proxy's default, bbr quinn's BBR).
+    #[arg(long, value_delimiter = ',', default_value = "bbr-lt")]
     pub congestion: Vec<String>,
     /// Worker threads of each proxy process (`quicsdn --threads`; default: one per CPU).
     #[arg(long)]

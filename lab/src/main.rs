@@ -73,6 +73,10 @@ enum Bench {
     /// (two emulated paths, OVS group of type ALL) vs loss, unicast and bicast,
     /// TCP (CUBIC, BBR) and QUIC through the proxy pair (BBR, CUBIC), sha256-checked.
     Bicast(quicsdn_lab::bench::bicast::BicastArgs),
+    /// Control-channel bicast: a real OVS's control channel through the agents
+    /// over two paths (every packet on both) against one path; ECHO round
+    /// trips and flow-install delay under loss on one or both paths and a cut.
+    ControlBicast(quicsdn_lab::bench::control_bicast::ControlBicastArgs),
     /// Bounded memory under a stalled peer: a controller that reads nothing under a
     /// PACKET_IN flood, a switch that reads nothing under a FLOW_MOD storm; agents'
     /// RSS, echo through the priority lane, and an exactly-once audit afterwards.
@@ -240,6 +244,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(Bench::Relay(a)) => quicsdn_lab::bench::relay::run(a)?,
         Command::Bench(Bench::Proxy(a)) => quicsdn_lab::bench::proxy::run(a)?,
         Command::Bench(Bench::Bicast(a)) => quicsdn_lab::bench::bicast::run(a)?,
+        Command::Bench(Bench::ControlBicast(a)) => quicsdn_lab::bench::control_bicast::run(a)?,
         Command::Multihomed(a) => quicsdn_lab::multihomed_cmd::run(a)?,
         Command::Bench(Bench::Soak(a)) => {
             quicsdn_lab::bench::soak::run(a)?;

@@ -16,13 +16,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{require_root, serial};
-use quicsdn_lab::agents::{openflow_socket, start_controller_agent, start_switch_agent};
 use quicsdn_lab::controller::{ControllerSpec, start_controller};
 use quicsdn_lab::emulator::{DirSettings, cli::parse_loss};
 use quicsdn_lab::host::{HostSpec, attach_host, ping};
-use quicsdn_lab::multihomed::{Mode, Multihomed, MultihomedSpec, SERVER_IP};
+use quicsdn_lab::multihomed::{ControlledSwitch, Mode, Multihomed, MultihomedSpec};
 use quicsdn_lab::netns::Netns;
-use quicsdn_lab::ovs::{BridgeConfig, Ovs};
 use quicsdn_lab::topology::default_repo_dir;
 
 const PREFIX: &str = "q14cc";
@@ -54,7 +52,7 @@ fn the_control_channel_survives_a_lossy_path_and_a_cut_one() {
         rate_bps: 100_000_000,
         ..Default::default()
     };
-    let lab = Multihomed::up(&MultihomedSpec {
+    let mut lab = Multihomed::up(&MultihomedSpec {
         prefix: PREFIX.into(),
         mode: Mode::BicastBoth,
         paths: [(path.clone(), path.clone()), (path.clone(), path)],
@@ -64,13 +62,19 @@ fn the_control_channel_survives_a_lossy_path_and_a_cut_one() {
     })
     .unwrap();
     let _hosts = Hosts;
-    let (server, client) = (lab.server_ns(), lab.client_ns());
 
-    // The controlled switch: OVS with two hosts in the client namespace.
-    let ovs = Ovs::start(&client, &dir.join("sw")).unwrap();
-    let mut bridge = BridgeConfig::new("br0");
-    bridge.datapath_id = Some(0x10);
-    ovs.add_bridge(&bridge).unwrap();
+    // The controlled switch's controller (L2 learning), on the server, then
+    // the switch (OVS in the client namespace) and the agents, across the
+    // two paths.
+    let controller = start_controller(
+        &lab.server_ns(),
+        &ControllerSpec::osken_on_loopback(dir.join("ctl"), default_repo_dir()),
+    )
+    .unwrap();
+    lab.adopt(controller.proc);
+    let sw = ControlledSwitch::start(&mut lab, &dir.join("sw"), 0x10, "tcp:127.0.0.1:6653", &[])
+        .unwrap();
+    let ovs = sw.ovs;
     for (j, h) in HOSTS.iter().enumerate() {
         Netns::create(h).unwrap();
         attach_host(
@@ -87,35 +91,6 @@ fn the_control_channel_survives_a_lossy_path_and_a_cut_one() {
         )
         .unwrap();
     }
-    // Its controller (L2 learning) and the agents, across the two paths.
-    let controller = start_controller(
-        &server,
-        &ControllerSpec::osken_on_loopback(dir.join("ctl"), default_repo_dir()),
-    )
-    .unwrap();
-    let ctl_agent = start_controller_agent(
-        &server,
-        &format!("{SERVER_IP}:6653"),
-        &lab.issue("cc-ctl").unwrap(),
-        &["openflow=tcp:127.0.0.1:6653".into()],
-        &[],
-        &dir.join("ctl/quicsdn-controller.log"),
-    )
-    .unwrap();
-    let sock = openflow_socket(&ovs.dir);
-    let sw_agent = start_switch_agent(
-        &client,
-        &format!("{SERVER_IP}:6653"),
-        "cc-ctl",
-        &lab.issue("cc-sw").unwrap(),
-        &[format!("openflow=punix:{}", sock.display())],
-        &[],
-        &ovs.dir.join("quicsdn-switch.log"),
-    )
-    .unwrap();
-    let _procs = [controller.proc, ctl_agent, sw_agent];
-    ovs.set_controller("br0", &[format!("unix:{}", sock.display())])
-        .unwrap();
     ovs.wait_connected("br0", Duration::from_secs(30)).unwrap();
 
     // Both paths carry the control channel, in both directions.
@@ -162,4 +137,60 @@ fn the_control_channel_survives_a_lossy_path_and_a_cut_one() {
         c[0][0].lost + c[0][1].lost > 0,
         "path A dropped nothing: {c:?}"
     );
+}
+
+/// `quicsdn-lab bench control-bicast --quick`: the control channel on one
+/// path and on two, ECHO and flow-install probes through the agents to a real
+/// OVS, with 30 % loss on path A and path A cut. Checks what it recorded
+/// (never how fast): on two paths no probe went unanswered and no session
+/// was lost, path B carried the channel only in bicast, and the controller
+/// agent saw no connection migration from the duplicates.
+#[test]
+fn bench_control_bicast_quick_keeps_every_probe_answered_on_two_paths() {
+    use quicsdn_lab::bench::control_bicast::CONDITIONS_HEADER;
+    use quicsdn_lab::bench::out::Csv;
+
+    let _s = serial();
+    require_root();
+    let out = tempfile::tempdir().unwrap();
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_quicsdn-lab"))
+        .args(["bench", "control-bicast", "--quick", "--prefix=q14cq"])
+        .arg(format!("--out={}", out.path().display()))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "bench control-bicast failed: {stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let t = Csv::read(&out.path().join("conditions.csv"), CONDITIONS_HEADER).unwrap();
+    let c = |n: &str| t.col(n);
+    let row = |mode: &str, cond: &str| {
+        t.rows
+            .iter()
+            .find(|r| r[c("mode")] == mode && r[c("condition")] == cond)
+            .unwrap_or_else(|| panic!("no {mode} {cond:?} in {}", t.render()))
+    };
+    let num = |r: &Vec<String>, n: &str| r[c(n)].parse::<u64>().unwrap();
+    for cond in ["A 30 %", "A cut", "both 30 %", "A cut + B 30 %"] {
+        let r = row("bicast-both", cond);
+        assert!(num(r, "echo_n") > 0 && num(r, "flow_n") > 0, "{r:?}");
+        assert_eq!(num(r, "timeouts"), 0, "{r:?}");
+        assert_eq!(num(r, "sessions_lost"), 0, "{r:?}");
+        assert!(num(r, "path_b_bytes") > 0, "path B idle in bicast: {r:?}");
+        assert_eq!(
+            num(r, "migrations"),
+            0,
+            "duplicates seen as a new path: {r:?}"
+        );
+    }
+    for cond in ["A 30 %", "A cut"] {
+        let r = row("unicast", cond);
+        assert!(num(r, "echo_n") + num(r, "timeouts") > 0, "{r:?}");
+        assert!(
+            num(r, "path_b_bytes") < 1000,
+            "path B used in unicast: {r:?}"
+        );
+    }
 }

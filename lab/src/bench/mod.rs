@@ -2,7 +2,8 @@
 //! results; tests check delivery and schemas, never speed.
 //!
 //! * [`bicast`]: the bicast paper's Fig. 8 on the multihomed lab
-//!   ([`crate::multihomed`]).
+//!   ([`crate::multihomed`]); [`control_bicast`]: the control channel itself
+//!   over two paths against one (ECHO and flow-install delay).
 //! * [`relay`]: the agents against direct TCP on loopback; [`proxy`]: bulk
 //!   throughput through the TCP↔QUIC proxy pair against direct TCP.
 //! * [`overhead`], [`delay`], [`table1`]: the quicSDN papers' evaluation over an
@@ -27,6 +28,7 @@
 
 pub mod bicast;
 pub mod cell;
+pub mod control_bicast;
 pub mod delay;
 pub mod hol;
 pub mod migration;

@@ -96,6 +96,27 @@ pub struct MultihomedSpec {
     pub venv_dir: Option<PathBuf>,
 }
 
+impl MultihomedSpec {
+    /// Both paths and both directions alike, the repository's controllers:
+    /// what the benches and `multihomed up` build.
+    pub fn alike(
+        prefix: &str,
+        mode: Mode,
+        path: DirSettings,
+        dir: PathBuf,
+        venv_dir: Option<PathBuf>,
+    ) -> MultihomedSpec {
+        MultihomedSpec {
+            prefix: prefix.to_string(),
+            mode,
+            paths: [(path.clone(), path.clone()), (path.clone(), path)],
+            dir,
+            repo_dir: crate::topology::default_repo_dir(),
+            venv_dir,
+        }
+    }
+}
+
 /// A running multihomed lab. Fields drop in this order: processes, OVS,
 /// links, namespaces.
 pub struct Multihomed {

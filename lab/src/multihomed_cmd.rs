@@ -148,16 +148,10 @@ pub fn up(a: &UpArgs) -> Result<Record> {
             "--mode bicast-both is the control-channel lab (lab/tests/control_bicast_e2e.rs); use unicast or bicast"
         );
     }
-    let parse_ns = |what: &str, v: &str| {
-        crate::emulator::units::parse_duration_ns(v).map_err(|e| anyhow::anyhow!("--{what}: {e}"))
-    };
     let path = DirSettings {
-        delay_ns: parse_ns("rtt", &a.rtt)? / 2,
-        rate_bps: crate::emulator::units::parse_rate_bps(&a.rate)
-            .map_err(|e| anyhow::anyhow!("--rate: {e}"))?,
         loss: crate::emulator::cli::parse_loss(&a.loss)
             .map_err(|e| anyhow::anyhow!("--loss: {e}"))?,
-        ..Default::default()
+        ..crate::multihomed::path_settings(&a.rtt, &a.rate)?
     };
     let bytes = crate::bench::proxy::parse_bytes(&a.file_size)?;
     // Whatever a previous lab with this prefix left, first.
@@ -168,14 +162,13 @@ pub fn up(a: &UpArgs) -> Result<Record> {
     let file = www.join(bicast::FILE);
     bicast::make_file(&file, bytes)?;
     let sha = bicast::sha256(&file)?;
-    let mut lab = Multihomed::up(&MultihomedSpec {
-        prefix: a.prefix.clone(),
-        mode: a.mode,
-        paths: [(path.clone(), path.clone()), (path.clone(), path)],
-        dir: work.join("lab"),
-        repo_dir: crate::topology::default_repo_dir(),
-        venv_dir: a.venv_dir.clone(),
-    })
+    let mut lab = Multihomed::up(&MultihomedSpec::alike(
+        &a.prefix,
+        a.mode,
+        path,
+        work.join("lab"),
+        a.venv_dir.clone(),
+    ))
     .context("bringing up the multihomed lab")?;
     bicast::start_servers(&mut lab, a.variant, &www)?;
     let url = bicast::file_url(a.variant);

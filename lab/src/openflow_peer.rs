@@ -49,14 +49,6 @@ impl Controller {
         self.stream.write_all(msg).context("sending to the switch")
     }
 
-    /// Reads one whole message (blocking up to `deadline`).
-    fn recv(&mut self, deadline: Instant) -> Result<Received> {
-        match self.recv_by(deadline)? {
-            Some(m) => Ok(m),
-            None => bail!("no message from the switch in time"),
-        }
-    }
-
     /// Reads one whole message, or `None` once `deadline` passes. Echo requests
     /// are returned like anything else: the caller answers them.
     pub fn recv_by(&mut self, deadline: Instant) -> Result<Option<Received>> {
@@ -98,9 +90,23 @@ impl Controller {
         timeout: Duration,
         want: impl Fn(&Received) -> bool,
     ) -> Result<Received> {
-        let deadline = Instant::now() + timeout;
+        match self.recv_until_by(Instant::now() + timeout, want)? {
+            Some(m) => Ok(m),
+            None => bail!("no message from the switch in time"),
+        }
+    }
+
+    /// [`Self::recv_until`], with `None` once `deadline` passes: a reply that
+    /// is late is not an error for a caller that counts timeouts.
+    pub fn recv_until_by(
+        &mut self,
+        deadline: Instant,
+        want: impl Fn(&Received) -> bool,
+    ) -> Result<Option<Received>> {
         loop {
-            let m = self.recv(deadline)?;
+            let Some(m) = self.recv_by(deadline)? else {
+                return Ok(None);
+            };
             match m.header.msg_type {
                 msg_type::ECHO_REQUEST => {
                     let reply = build::echo_reply(m.header.xid, &m.bytes[HEADER_LEN..]);
@@ -110,7 +116,7 @@ impl Controller {
                 _ => {}
             }
             if want(&m) {
-                return Ok(m);
+                return Ok(Some(m));
             }
         }
     }

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{require_root, serial};
+use common::{lab_ok, require_root, serial};
 use quicsdn_lab::bench::bicast::CSV_HEADER;
 use quicsdn_lab::bench::out::Csv;
 
@@ -20,17 +20,14 @@ fn bench_bicast_quick_downloads_intact_over_one_and_both_paths() {
     let _s = serial();
     require_root();
     let out = tempfile::tempdir().unwrap();
-    let run = std::process::Command::new(env!("CARGO_BIN_EXE_quicsdn-lab"))
-        .args(["bench", "bicast", "--quick", "--bytes=1M", "--prefix=q14bc"])
-        .arg(format!("--out={}", out.path().display()))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "bench bicast failed: {stdout}\n{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    lab_ok(&[
+        "bench",
+        "bicast",
+        "--quick",
+        "--bytes=1M",
+        "--prefix=q14bc",
+        &format!("--out={}", out.path().display()),
+    ]);
 
     let csv = Csv::read(&out.path().join("bicast.csv"), CSV_HEADER).unwrap();
     let c = |n: &str| csv.col(n);

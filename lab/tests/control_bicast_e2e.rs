@@ -15,7 +15,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{require_root, serial};
+use common::{lab_ok, require_root, serial};
 use quicsdn_lab::controller::{ControllerSpec, start_controller};
 use quicsdn_lab::emulator::{DirSettings, cli::parse_loss};
 use quicsdn_lab::host::{HostSpec, attach_host, ping};
@@ -153,17 +153,13 @@ fn bench_control_bicast_quick_keeps_every_probe_answered_on_two_paths() {
     let _s = serial();
     require_root();
     let out = tempfile::tempdir().unwrap();
-    let run = std::process::Command::new(env!("CARGO_BIN_EXE_quicsdn-lab"))
-        .args(["bench", "control-bicast", "--quick", "--prefix=q14cq"])
-        .arg(format!("--out={}", out.path().display()))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "bench control-bicast failed: {stdout}\n{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    lab_ok(&[
+        "bench",
+        "control-bicast",
+        "--quick",
+        "--prefix=q14cq",
+        &format!("--out={}", out.path().display()),
+    ]);
     let t = Csv::read(&out.path().join("conditions.csv"), CONDITIONS_HEADER).unwrap();
     let c = |n: &str| t.col(n);
     let row = |mode: &str, cond: &str| {

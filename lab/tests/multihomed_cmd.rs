@@ -8,9 +8,8 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 
-use common::{require_root, serial};
+use common::{lab_ok, require_root, serial};
 use quicsdn_lab::emulator::{Accounting, LinkRecord};
 use quicsdn_lab::multihomed_cmd::Record;
 use quicsdn_lab::netns::Netns;
@@ -19,18 +18,7 @@ const PREFIX: &str = "q14mc";
 const BYTES: u64 = 2 << 20;
 
 fn lab(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_quicsdn-lab"))
-        .arg("multihomed")
-        .args(args)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "multihomed {args:?} failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    lab_ok(&[&["multihomed"], args].concat())
 }
 
 fn down_bytes(link: &str) -> u64 {

@@ -231,14 +231,13 @@ pub fn run(mut args: BicastArgs) -> Result<()> {
     let mut csv = Csv::new(CSV_HEADER);
     let started = Instant::now();
     for &mode in &args.modes {
-        let mut lab = Multihomed::up(&MultihomedSpec {
-            prefix: args.prefix.clone(),
+        let mut lab = Multihomed::up(&MultihomedSpec::alike(
+            &args.prefix,
             mode,
-            paths: [(path.clone(), path.clone()), (path.clone(), path.clone())],
-            dir: work.join("lab"),
-            repo_dir: crate::topology::default_repo_dir(),
-            venv_dir: args.venv_dir.clone(),
-        })
+            path.clone(),
+            work.join("lab"),
+            args.venv_dir.clone(),
+        ))
         .with_context(|| format!("bringing up the multihomed lab ({})", mode.as_str()))?;
         // What the controller installed, as OVS's own tools print it (the
         // paper's Tables III-V).

@@ -83,6 +83,22 @@ pub fn require_root() {
     );
 }
 
+/// Runs `quicsdn-lab ARGS` and returns what it printed; fails the test with
+/// both of its outputs if it fails.
+pub fn lab_ok(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_quicsdn-lab"))
+        .args(args)
+        .output()
+        .expect("running quicsdn-lab");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "quicsdn-lab {args:?} failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 pub fn run_dir() -> PathBuf {
     PathBuf::from(DEFAULT_RUN_DIR)
 }

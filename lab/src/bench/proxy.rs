@@ -542,7 +542,7 @@ fn print_row(loss: &str, dir: &str, path: &str, runs: &[RunResult], direct_best:
     let proxy_cpu: f64 = runs.iter().map(|r| r.proxy_cpu).sum();
     let endpoint_cpu: f64 = runs.iter().map(|r| r.endpoint_cpu).sum();
     println!(
-        "{:<6} {:<6} {:<18} {:>10.0} {:>10.0} {:>7.2}x {:>14.2} {:>16.2}   {}",
+        "{:<6} {:<6} {:<18} {:>10.1} {:>10.1} {:>7.3}x {:>14.2} {:>16.2}   {}",
         loss,
         dir,
         path,
@@ -552,7 +552,7 @@ fn print_row(loss: &str, dir: &str, path: &str, runs: &[RunResult], direct_best:
         proxy_cpu / gb,
         endpoint_cpu / gb,
         runs.iter()
-            .map(|r| format!("{:.0}", mbps(r)))
+            .map(|r| format!("{:.1}", mbps(r)))
             .collect::<Vec<_>>()
             .join(", ")
     );

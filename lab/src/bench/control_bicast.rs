@@ -179,11 +179,23 @@ struct Channel {
 }
 
 impl Channel {
+    /// The OpenFlow connection, accepting OVS's next one if there is none.
+    /// A connection that closes during the handshake (its session was lost
+    /// again, e.g. while a path is still cut) is followed by the next one
+    /// until `timeout`.
     fn connection(&mut self, timeout: Duration) -> Result<&mut Controller> {
-        if self.conn.is_none() {
-            let s = crate::bench::synth::accept_one(&self.listener, timeout)
+        let deadline = Instant::now() + timeout;
+        while self.conn.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let s = crate::bench::synth::accept_one(&self.listener, left)
                 .context("waiting for OVS's OpenFlow connection through the agents")?;
-            self.conn = Some(Controller::handshake(s, timeout)?);
+            match Controller::handshake(s, left) {
+                Ok(c) => self.conn = Some(c),
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("OVS's new OpenFlow connection closed in its handshake: {e:#}");
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(self.conn.as_mut().expect("just set"))
     }

@@ -137,6 +137,10 @@ fn the_control_channel_survives_a_lossy_path_and_a_cut_one() {
         c[0][0].lost + c[0][1].lost > 0,
         "path A dropped nothing: {c:?}"
     );
+    // Passed: the lab's processes and namespaces go, then its logs (a
+    // failure keeps them for reading).
+    drop(lab);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `quicsdn-lab bench control-bicast --quick`: the control channel on one

@@ -19,9 +19,10 @@ pub struct QuicOptions {
     /// out (RFC 9000 §10.1.2) and a NAT's mapping stays fresh. For the agents
     /// ([`agent_keepalive_for`]) just short of the idle timeout, so that Open
     /// vSwitch's own echo (every 5 s on an idle channel) keeps the connection
-    /// alive and the PING goes only when OVS is silent; elsewhere (the proxy)
-    /// half the idle timeout ([`keepalive_for`]). Dead-peer detection is the
-    /// idle timeout's, not this.
+    /// alive and the PING goes only when OVS is silent; for the UDP
+    /// transport half the idle timeout ([`keepalive_for`]); for the proxy a
+    /// sixth (`quicsdn_proxy::config::keepalive_for`). Dead-peer detection is
+    /// the idle timeout's, not this.
     pub keepalive: Duration,
     /// Declare the peer dead after this long without hearing from it (RFC 9000
     /// §10.1). Kept below Open vSwitch's default 2 × 5 s inactivity probe, so the
@@ -231,8 +232,8 @@ pub const DEFAULT_CID_LEN: usize = 4;
 pub const CID_LENS: std::ops::RangeInclusive<usize> = 4..=8;
 
 /// The keepalive for an idle timeout when nothing else keeps the connection
-/// busy (the proxy): half of it, the other half for a lost PING's
-/// retransmission.
+/// busy (the UDP transport's liveness probes): half of it, the other half for
+/// a lost PING's retransmission.
 pub fn keepalive_for(idle_timeout: Duration) -> Duration {
     idle_timeout / 2
 }

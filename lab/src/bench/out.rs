@@ -96,7 +96,6 @@ pub fn md_table(header: &[&str], rows: &[Vec<String>]) -> String {
     s
 }
 
-/// The machine and build this ran on, and the exact command.
 /// The 1, 5 and 15 minute load averages, as /proc/loadavg gives them.
 pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -107,6 +106,7 @@ pub fn loadavg() -> String {
         .join(" ")
 }
 
+/// The machine and build this ran on, and the exact command.
 pub fn provenance() -> String {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let cpu = read("/proc/cpuinfo")

@@ -38,8 +38,8 @@ use crate::agent_metrics::{CONTROLLER_METRICS_PORT, http_get, parse_text};
 use crate::bench::out::{self, Csv, md_table};
 use crate::bench::stats::{quantile, sorted};
 use crate::control_link::parse_duration;
-use crate::emulator::cli::parse_loss;
 use crate::emulator::control::DirPatch;
+use crate::emulator::model::LossModel;
 use crate::emulator::sys::in_netns;
 use crate::multihomed::{ControlledSwitch, Mode, Multihomed, MultihomedSpec};
 use crate::openflow_peer::Controller;
@@ -422,14 +422,12 @@ pub fn run(mut args: ControlBicastArgs) -> Result<()> {
             xid: 0,
         };
         ch.connection(Duration::from_secs(60))?;
-        sw.ovs.wait_connected("br0", Duration::from_secs(30))?;
+        sw.ovs
+            .wait_connected(ControlledSwitch::BRIDGE, Duration::from_secs(30))?;
         for cond in conditions(mode, &args.loss) {
             let name = cond.name();
             for (p, l) in cond.loss.iter().enumerate() {
-                lab.set_path_loss(
-                    p,
-                    parse_loss(&format!("{l}%")).map_err(|e| anyhow::anyhow!(e))?,
-                )?;
+                lab.set_path_loss(p, LossModel::random(l / 100.0))?;
             }
             lab.reset_counters()?;
             let before = agent_counters(&lab)?;
@@ -437,11 +435,12 @@ pub fn run(mut args: ControlBicastArgs) -> Result<()> {
             let after = agent_counters(&lab)?;
             let c = lab.path_counters()?;
             let path_bytes = |i: usize| c[i][0].bytes + c[i][1].bytes;
+            let (echo, flow) = (sorted(&m.echo), sorted(&m.flow));
             let q = |v: &[f64], q: f64| {
                 if v.is_empty() {
                     String::new()
                 } else {
-                    format!("{:.2}", quantile(&sorted(v), q))
+                    format!("{:.2}", quantile(v, q))
                 }
             };
             let row = vec![
@@ -452,14 +451,14 @@ pub fn run(mut args: ControlBicastArgs) -> Result<()> {
                 cond.cut
                     .map(|_| format!("{:?}", args.cut))
                     .unwrap_or_default(),
-                m.echo.len().to_string(),
-                q(&m.echo, 0.5),
-                q(&m.echo, 0.99),
-                q(&m.echo, 1.0),
-                m.flow.len().to_string(),
-                q(&m.flow, 0.5),
-                q(&m.flow, 0.99),
-                q(&m.flow, 1.0),
+                echo.len().to_string(),
+                q(&echo, 0.5),
+                q(&echo, 0.99),
+                q(&echo, 1.0),
+                flow.len().to_string(),
+                q(&flow, 0.5),
+                q(&flow, 0.99),
+                q(&flow, 1.0),
                 m.timeouts.to_string(),
                 m.sessions_lost.to_string(),
                 path_bytes(0).to_string(),
@@ -471,10 +470,10 @@ pub fn run(mut args: ControlBicastArgs) -> Result<()> {
                 "{:<11} {:<16} echo median {:>8} ms, max {:>8} ms; flow median {:>8} ms, max {:>8} ms; {} timeouts, {} sessions lost",
                 mode.as_str(),
                 name,
-                row[6],
-                row[8],
-                row[10],
-                row[12],
+                row[table.col("echo_median_ms")],
+                row[table.col("echo_max_ms")],
+                row[table.col("flow_median_ms")],
+                row[table.col("flow_max_ms")],
                 m.timeouts,
                 m.sessions_lost
             );

@@ -131,11 +131,7 @@ pub fn parse_loss(s: &str) -> Result<LossModel, String> {
         return Ok(m);
     }
     let p = parse_percent(s).map_err(|e| format!("{e} (or ge:p=…%,r=…% for bursty loss)"))?;
-    Ok(if p == 0.0 {
-        LossModel::None
-    } else {
-        LossModel::Bernoulli { p }
-    })
+    Ok(LossModel::random(p))
 }
 
 fn default_run_dir() -> PathBuf {

@@ -77,6 +77,16 @@ pub enum LossModel {
 }
 
 impl LossModel {
+    /// Each frame lost independently with probability `p` (0: no loss), as
+    /// `--loss P%` gives it.
+    pub fn random(p: f64) -> LossModel {
+        if p == 0.0 {
+            LossModel::None
+        } else {
+            LossModel::Bernoulli { p }
+        }
+    }
+
     /// Long-run fraction of frames lost.
     pub fn mean_loss(&self) -> f64 {
         match *self {

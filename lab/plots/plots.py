@@ -355,7 +355,8 @@ def sdudp(d):
     without accumulation) and Fig. 11 (time to send at 10 Mbit/s). A figure
     whose cells were not measured is not drawn."""
     data = rows(os.path.join(d, "cells.csv"))
-    colors = {"sdudp": "#1f77b4", "tcp": "#d62728", "sdudp not accumulating": "#9ecae1"}
+    colors = {"sdudp": "#1f77b4", "tcp": "#d62728", "sdudp not accumulating": "#9ecae1",
+              "quic-proxy": "#2ca02c"}
 
     def bars(ax, groups, series, value, ci, ylabel, title):
         width = 0.8 / max(1, len(series))
@@ -422,17 +423,21 @@ def sdudp(d):
              lambda c: float(c["frames_ci95"]), "frames per switch",
              "accumulation (cf. Fig. 10)")
         save(fig, d, "sdudp-accumulation.png")
-    # Fig. 11: time to send at a limited rate.
+    # Fig. 11: time to send at a limited rate (and the QUIC proxy, where it
+    # was measured on the same line).
     timed = [r for r in data if r["rate_mbit"] != "0"]
+    carriers = [t for t in ("sdudp", "tcp", "quic-proxy") if any(r["transport"] == t for r in timed)]
     if timed:
         groups = sorted({(r["switches"], r["delay_ms"], r["loss_percent"], r["rate_mbit"], r["set"])
                          for r in timed})
         labels = ["%s sw %s ms %s %%\n%s Mbit/s set %s" % g for g in groups]
         series = [(t, [pick(t, switches=g[0], delay_ms=g[1], loss_percent=g[2],
-                            rate_mbit=g[3], set=g[4]) for g in groups]) for t in ("sdudp", "tcp")]
-        fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(groups)), 4))
-        bars(ax, labels, series, lambda c: float(c["seconds"]), lambda c: float(c["seconds_ci95"]),
-             "time to send (s)", "time to send (cf. Fig. 11)")
+                            rate_mbit=g[3], set=g[4]) for g in groups]) for t in carriers]
+        fig, axes = plt.subplots(1, 2, figsize=(max(9, 3.2 * len(groups)), 4), squeeze=False)
+        bars(axes[0][0], labels, series, lambda c: float(c["seconds"]),
+             lambda c: float(c["seconds_ci95"]), "time to send (s)", "time to send (cf. Fig. 11)")
+        bars(axes[0][1], labels, series, lambda c: float(c["frames_per_switch"]),
+             lambda c: float(c["frames_ci95"]), "frames per switch", "frames per switch, same runs")
         save(fig, d, "sdudp-time.png")
 
 

@@ -1,5 +1,5 @@
 //! `quicsdn-lab bench sdudp --quick`: one small cell of each experiment
-//! (load, delay, accumulation, engines, time) on real OVS lines of 5
+//! (load, delay, accumulation, engines, time, proxy) on real OVS lines of 5
 //! switches; checks the outputs are complete and consistent, never timings.
 //! Prefix `q15q`.
 
@@ -21,7 +21,7 @@ fn quick_bench_writes_every_cell_delivered_exactly_with_counters() {
     sdudp::run(SdudpBenchArgs {
         out: out.clone(),
         quick: true,
-        kinds: "load,delay,accumulation,engines,time".into(),
+        kinds: "load,delay,accumulation,engines,time,proxy".into(),
         reps: 10,
         switches: None,
         loss: None,
@@ -40,11 +40,13 @@ fn quick_bench_writes_every_cell_delivered_exactly_with_counters() {
     let key = |r: &Vec<String>| r[..8].join(" ");
     let mut got: Vec<String> = cells.rows.iter().map(key).collect();
     got.sort();
-    // Every cell of the quick grid, once: TCP and SDUDP on the same line
-    // (load, time), 20 ms (delay), no accumulation, odd engines.
+    // Every cell of the quick grid, once: TCP, SDUDP and the QUIC proxy on
+    // the same line (load, time, proxy), 20 ms (delay), no accumulation, odd
+    // engines.
     assert_eq!(
         got,
         [
+            "quic-proxy 5 1 1 10 - false A",
             "sdudp 5 1 1 10 all false A",
             "sdudp 5 1 1 10 all true A",
             "sdudp 5 1 1 10 all true D",
@@ -82,7 +84,14 @@ fn quick_bench_writes_every_cell_delivered_exactly_with_counters() {
     // 1 % loss on four links: the engines repaired something.
     assert!(retransmitted > 0.0, "{:?}", runs.rows);
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
-    for section in ["Figs. 7–9", "Table 2", "Fig. 10", "§IV-E", "Fig. 11"] {
+    for section in [
+        "Figs. 7–9",
+        "Table 2",
+        "Fig. 10",
+        "§IV-E",
+        "Fig. 11",
+        "the QUIC proxy",
+    ] {
         assert!(summary.contains(section), "{section}: {summary}");
     }
     // Each comparison found its partner cell.
@@ -93,4 +102,18 @@ fn quick_bench_writes_every_cell_delivered_exactly_with_counters() {
     ] {
         assert!(summary.contains(row), "{row}: {summary}");
     }
+    // The three carriers' row found TCP and SDUDP on the QUIC proxy's line,
+    // and all three delivered exactly.
+    let proxy = summary
+        .split("the QUIC proxy (not in the paper)")
+        .nth(1)
+        .unwrap();
+    assert!(
+        proxy
+            .lines()
+            .any(|l| l.starts_with("| 5 | 1 ms | 1 % | 10 Mbit/s | A |")
+                && l.ends_with("| true/true/true |")
+                && !l.contains(" - /")),
+        "{proxy}"
+    );
 }

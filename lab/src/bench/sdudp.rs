@@ -20,7 +20,12 @@
 //! * `engines` — §IV-E: retransmission engines on all, odd, or 1,5,9 of 9
 //!   switches, file set D, 1 % loss;
 //! * `time` — Fig. 11: the time to send file sets A and C at 10 Mbit/s per
-//!   link, 9 switches, 1 and 20 ms, 1 % loss.
+//!   link, 9 switches, 1 and 20 ms, 1 % loss;
+//! * `proxy` — not in the paper: the same 9-switch, 20 ms, 10 Mbit/s line
+//!   carried by TCP, by SDUDP and by the QUIC proxy (`quicsdn proxy` client
+//!   on host A, server on host B: QUIC end to end, one connection between
+//!   the hosts; the sender and the server connect to it on loopback), loss 0
+//!   and 1 %, file sets A and D.
 //!
 //! Configurations shared by several experiments run once. Results: `runs.csv`
 //! (one row per run), `cells.csv` (mean and 95 % confidence interval per
@@ -36,6 +41,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::bench::out::{self, Csv, md_table};
+use crate::bench::relay::AgentProcess;
 use crate::emulator::control::Accounting;
 use crate::emulator::sys::in_netns;
 use crate::fileset::{self, FileSetHasher};
@@ -55,17 +61,22 @@ pub const SETS: [(&str, usize); 5] = [
 
 /// Experiments; `throughput` (the issue's target, not a paper figure) is not
 /// in the default `--kinds`.
-pub const KINDS: [&str; 6] = [
+pub const KINDS: [&str; 7] = [
     "load",
     "delay",
     "accumulation",
     "engines",
     "time",
+    "proxy",
     "throughput",
 ];
 
-/// The server on host B listens here (inside host B's namespace).
+/// The server on host B listens here (inside host B's namespace); with the
+/// QUIC proxy, the proxy client listens on the same port on host A's loopback.
 const SERVER_PORT: u16 = 8080;
+
+/// The QUIC proxy server's UDP port on host B.
+const PROXY_UDP_PORT: u16 = 4433;
 
 pub const RUNS_HEADER: &[&str] = &[
     "transport",
@@ -122,9 +133,10 @@ pub struct SdudpBenchArgs {
     #[arg(long)]
     pub quick: bool,
     /// Experiments, comma-separated: load, delay, accumulation, engines, time
-    /// (the paper's), throughput (one bulk connection through 5 switches at
-    /// 10 Mbit/s and without a rate limit, against TCP).
-    #[arg(long, default_value = "load,delay,accumulation,engines,time")]
+    /// (the paper's), proxy (TCP, SDUDP and the QUIC proxy on one line),
+    /// throughput (one bulk connection through 5 switches at 10 Mbit/s and
+    /// without a rate limit, against TCP).
+    #[arg(long, default_value = "load,delay,accumulation,engines,time,proxy")]
     pub kinds: String,
     /// Repetitions per cell (the paper: 10).
     #[arg(long, default_value_t = 10)]
@@ -162,10 +174,32 @@ pub struct SdudpBenchArgs {
     pub summarize: bool,
 }
 
+/// What carries host A's files across the line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd)]
+pub enum Carrier {
+    /// The hosts' own TCP, switch to switch.
+    Tcp,
+    /// SDUDP: TCP ends at the edge engines, UDP with hop-by-hop engines between.
+    Sdudp,
+    /// `quicsdn proxy` on both hosts with its defaults: the hosts' TCP ends on
+    /// loopback, one QUIC connection (bbr-lt) crosses the line end to end.
+    QuicProxy,
+}
+
+impl Carrier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Carrier::Tcp => "tcp",
+            Carrier::Sdudp => "sdudp",
+            Carrier::QuicProxy => "quic-proxy",
+        }
+    }
+}
+
 /// One lab configuration.
 #[derive(Debug, Clone, PartialEq, PartialOrd)]
 pub struct Config {
-    pub sdudp: bool,
+    pub carrier: Carrier,
     pub switches: u32,
     pub delay_ms: u64,
     pub loss_percent: f64,
@@ -178,7 +212,7 @@ pub struct Config {
 impl Config {
     fn tcp(switches: u32, delay_ms: u64, loss_percent: f64) -> Config {
         Config {
-            sdudp: false,
+            carrier: Carrier::Tcp,
             switches,
             delay_ms,
             loss_percent,
@@ -189,18 +223,21 @@ impl Config {
     }
     fn sdudp(switches: u32, delay_ms: u64, loss_percent: f64) -> Config {
         Config {
-            sdudp: true,
+            carrier: Carrier::Sdudp,
             engines: "all".into(),
             accumulate: true,
             ..Config::tcp(switches, delay_ms, loss_percent)
         }
     }
-    fn transport(&self) -> &'static str {
-        if self.sdudp { "sdudp" } else { "tcp" }
+    fn quic_proxy(switches: u32, delay_ms: u64, loss_percent: f64) -> Config {
+        Config {
+            carrier: Carrier::QuicProxy,
+            ..Config::tcp(switches, delay_ms, loss_percent)
+        }
     }
     fn key(&self) -> Vec<String> {
         vec![
-            self.transport().into(),
+            self.carrier.as_str().into(),
             self.switches.to_string(),
             self.delay_ms.to_string(),
             self.loss_percent.to_string(),
@@ -218,7 +255,7 @@ impl Config {
         s.link.delay = (self.delay_ms > 0).then(|| Duration::from_millis(self.delay_ms));
         s.link.loss_percent = (self.loss_percent > 0.0).then_some(self.loss_percent);
         s.link.rate_bps = (self.rate_mbit > 0).then_some(self.rate_mbit * 1_000_000);
-        if self.sdudp {
+        if self.carrier == Carrier::Sdudp {
             s.sdudp = Some(SdudpSettings {
                 engines: SdudpSettings::parse_engines(&self.engines, self.switches)?,
                 accumulate: self.accumulate,
@@ -375,13 +412,37 @@ pub fn grid(a: &SdudpBenchArgs) -> Result<Vec<(Config, Vec<&'static str>)>> {
                     }
                 }
             }
+            "proxy" => {
+                // Fig. 11's line, loss 0 and 1 % unless --loss says otherwise.
+                let ps = match (&a.loss, a.quick) {
+                    (_, true) | (Some(_), false) => losses.clone(),
+                    (None, false) => vec![0.0, 1.0],
+                };
+                let d = if a.quick { 1 } else { 20 };
+                for &p in &ps {
+                    let s = pick(if a.quick { &["A"] } else { &["A", "D"] });
+                    for mut c in [
+                        Config::tcp(n9, d, p),
+                        Config::sdudp(n9, d, p),
+                        Config::quic_proxy(n9, d, p),
+                    ] {
+                        c.rate_mbit = 10;
+                        add(c, s.clone());
+                    }
+                }
+            }
             "throughput" => {
                 // One connection of 1000 KB files through 5 switches with
-                // engines, at 10 Mbit/s per link and without a limit.
+                // engines, at 10 Mbit/s per link and without a limit; TCP
+                // and the QUIC proxy on the same lines.
                 for &d in &delays {
                     for &p in &losses {
                         for rate in [10, 0] {
-                            for mut c in [Config::tcp(n5, d, p), Config::sdudp(n5, d, p)] {
+                            for mut c in [
+                                Config::tcp(n5, d, p),
+                                Config::sdudp(n5, d, p),
+                                Config::quic_proxy(n5, d, p),
+                            ] {
                                 c.rate_mbit = rate;
                                 add(c, pick(&["E"]));
                             }
@@ -511,6 +572,7 @@ struct Run {
 
 fn run_once(
     lab: &LabState,
+    carrier: Carrier,
     set: &str,
     total: usize,
     rep: usize,
@@ -537,7 +599,10 @@ fn run_once(
     }
     let timeout = Duration::from_secs(600);
     let server = serve_one(&b.netns, timeout, size, &a.tcp_congestion)?;
-    let dst = b.ip.clone();
+    let dst = match carrier {
+        Carrier::QuicProxy => "127.0.0.1".to_string(),
+        Carrier::Tcp | Carrier::Sdudp => b.ip.clone(),
+    };
     let t = Instant::now();
     let cc = a.tcp_congestion.clone();
     let gap = Duration::from_micros(a.file_gap_us);
@@ -577,6 +642,95 @@ fn run_once(
         feedbacks: engine_counter(lab, "feedbacks").saturating_sub(feedbacks_before),
         probes: engine_counter(lab, "probes").saturating_sub(probes_before),
     })
+}
+
+/// The QUIC proxy pair on a line lab: the server on host B (forwarding to
+/// host B's file server on loopback), the client on host A (listening on
+/// host A's loopback), both with the proxy's defaults. Returns once a byte
+/// has crossed the line through them, so the first run does not time the
+/// QUIC handshake; the processes stop when dropped.
+fn start_proxies(lab: &LabState, pki: &std::path::Path) -> Result<[AgentProcess; 2]> {
+    let (host_a, b) = (
+        lab.hosts.first().context("no host")?,
+        lab.hosts.last().context("no host")?,
+    );
+    let bin = crate::agents::quicsdn_binary()?;
+    let tls = |name: &str| {
+        [
+            format!("--ca={}", pki.join("ca.crt").display()),
+            format!("--cert={}", pki.join(format!("{name}.crt")).display()),
+            format!("--key={}", pki.join(format!("{name}.key")).display()),
+        ]
+    };
+    let mut server_args = vec![
+        "proxy".to_string(),
+        "server".into(),
+        format!("--listen={}:{PROXY_UDP_PORT}", b.ip),
+        format!("--forward=files=tcp:127.0.0.1:{SERVER_PORT}"),
+    ];
+    server_args.extend(tls("server"));
+    let mut client_args = vec![
+        "proxy".to_string(),
+        "client".into(),
+        format!("--server={}:{PROXY_UDP_PORT}", b.ip),
+        "--server-name=server".into(),
+        format!("--forward=files=ptcp:{SERVER_PORT}"),
+    ];
+    client_args.extend(tls("client"));
+    let mut server =
+        AgentProcess::spawn_in(Some(&b.netns), &bin, "proxy server", &server_args, None)?;
+    let mut client = AgentProcess::spawn_in(
+        Some(&host_a.netns),
+        &bin,
+        "proxy client",
+        &client_args,
+        None,
+    )?;
+    // Host B's end of the probe, bound where the file server will listen.
+    let target = in_netns(&b.netns, || {
+        let l = TcpListener::bind(("127.0.0.1", SERVER_PORT))?;
+        l.set_nonblocking(true)?;
+        std::io::Result::Ok(l)
+    })??;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        server.check_alive()?;
+        client.check_alive()?;
+        // The proxy client resets a connection it cannot carry yet; try again.
+        let sent = in_netns(&host_a.netns, || -> std::io::Result<()> {
+            let mut s = TcpStream::connect(("127.0.0.1", SERVER_PORT))?;
+            s.write_all(b"x")?;
+            s.shutdown(Shutdown::Write)
+        })?;
+        if sent.is_ok() {
+            let until = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < until {
+                match target.accept() {
+                    Ok((mut far, _)) => {
+                        far.set_nonblocking(false)?;
+                        far.set_read_timeout(Some(Duration::from_secs(10)))?;
+                        let mut got = Vec::new();
+                        if far.read_to_end(&mut got).is_ok() && got == b"x" {
+                            return Ok([server, client]);
+                        }
+                        break;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "no byte crossed the line through the QUIC proxies in 30 s (host {} to host {})",
+                host_a.ip,
+                b.ip
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// One of the engines' counters (their stats files), summed; the stats are
@@ -636,6 +790,15 @@ pub fn run(a: SdudpBenchArgs) -> Result<()> {
     let reps = if a.quick { 1 } else { a.reps.max(1) };
     let total = a.total_kb.unwrap_or(if a.quick { 300 } else { 3_000 }) * 1000;
     std::fs::create_dir_all(&a.out)?;
+    // Certificates for the QUIC proxies, if a configuration uses them.
+    let pki = tempfile::tempdir()?;
+    if g.iter().any(|(c, _)| c.carrier == Carrier::QuicProxy) {
+        use quicsdn_transport::pki::{self, Validity};
+        pki::init_ca(pki.path(), "sdudp bench CA", Validity::days(30))?;
+        for name in ["server", "client"] {
+            pki::issue(pki.path(), name, &[], Validity::days(30))?;
+        }
+    }
     let mut runs = Csv::new(RUNS_HEADER);
     let started = Instant::now();
     let cells: usize = g.iter().map(|(_, s)| s.len()).sum();
@@ -653,9 +816,13 @@ pub fn run(a: SdudpBenchArgs) -> Result<()> {
             .state;
         let r = (|| -> Result<()> {
             let computed = 1.0 - (1.0 - c.loss_percent / 100.0).powi(lab.data_links.len() as i32);
+            let _proxies = match c.carrier {
+                Carrier::QuicProxy => Some(start_proxies(&lab, pki.path())?),
+                Carrier::Tcp | Carrier::Sdudp => None,
+            };
             for set in sets {
                 for rep in 0..reps {
-                    let r = run_once(&lab, set, total, rep, &a)
+                    let r = run_once(&lab, c.carrier, set, total, rep, &a)
                         .with_context(|| format!("{} set {set} rep {rep}", c.key().join(" ")))?;
                     let links = lab.data_links.len().max(1) as f64;
                     println!(
@@ -990,6 +1157,49 @@ pub fn summary(
         ],
         &rows,
     );
+    // `--kinds proxy`: the three carriers on one line.
+    s += "\n## SDUDP against TCP and the QUIC proxy (not in the paper)\n\nThe same line carried by the hosts' TCP, by SDUDP (all engines, accumulating) and by `quicsdn proxy` on the hosts with its defaults (one QUIC connection end to end, bbr-lt; made before the runs, so its handshake is not in the loads; its keepalives are). Loads per switch as above.\n\n";
+    let mut rows = Vec::new();
+    for q in cells.rows.iter().filter(|r| r[0] == "quic-proxy") {
+        let t = find(&|x| same_line(q, "tcp", x));
+        let u = find(&|x| same_line(q, "sdudp", x) && x[5] == "all" && x[6] == "true");
+        let three = |name: &str, show: &dyn Fn(f64) -> String| -> String {
+            [t, u, Some(q)]
+                .iter()
+                .map(|x| x.map_or("-".into(), |x| show(get(x, name))))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        rows.push(vec![
+            q[1].clone(),
+            format!("{} ms", q[2]),
+            format!("{} %", q[3]),
+            rate(q),
+            q[7].clone(),
+            three("seconds", &|v| format!("{v:.1}")),
+            three("frames_per_switch", &|v| format!("{v:.0}")),
+            three("bytes_per_switch", &|v| out::bytes(v)),
+            [t, u, Some(q)]
+                .iter()
+                .map(|x| x.map_or("-".into(), |x| x[c("all_exact")].clone()))
+                .collect::<Vec<_>>()
+                .join("/"),
+        ]);
+    }
+    s += &md_table(
+        &[
+            "switches",
+            "delay",
+            "loss",
+            "rate",
+            "set",
+            "time (s): TCP / SDUDP / QUIC",
+            "frames per switch",
+            "bytes per switch",
+            "exact",
+        ],
+        &rows,
+    );
     // Throughput (`--kinds throughput`).
     s += "\n## Throughput of one connection (set E)\n\nTarget: SDUDP through 5 switches with engines ≥ 90 % of a 10 Mbit/s link; without a rate limit, the highest rate reached (CPU-bound on this machine: direction only).\n\n";
     let mut rows = Vec::new();
@@ -998,12 +1208,14 @@ pub fn summary(
     }) {
         let mbit = |x: &Vec<String>| total as f64 * 8.0 / get(x, "seconds") / 1e6;
         let t = find(&|x| same_line(r, "tcp", x));
+        let q = find(&|x| same_line(r, "quic-proxy", x));
         rows.push(vec![
             format!("{} ms", r[2]),
             format!("{} %", r[3]),
             rate(r),
             format!("{:.2} Mbit/s", mbit(r)),
             t.map_or("-".into(), |t| format!("{:.2} Mbit/s", mbit(t))),
+            q.map_or("-".into(), |q| format!("{:.2} Mbit/s", mbit(q))),
             if r[4] == "10" {
                 met(mbit(r) >= 9.0)
             } else {
@@ -1018,6 +1230,7 @@ pub fn summary(
             "rate",
             "SDUDP",
             "TCP",
+            "QUIC proxy",
             "≥ 90 % of 10 Mbit/s",
         ],
         &rows,
@@ -1052,14 +1265,26 @@ mod tests {
                 "sdudp 5 20 1 10 all true A",
                 "sdudp 5 1 1 10 all false A",
                 "sdudp 5 1 1 10 odd true D",
+                "quic-proxy 5 1 1 10 - false A",
             ]
         );
         let full = grid(&Cli::parse_from(["x"]).a).unwrap();
         // load: 5 lengths × 5 losses × 2 (50); delay: 9 switches at 1 ms × 5
         // losses × 2 (10, 20 ms shared with load); accumulation: 5 switches at
         // 1 ms, on, off and TCP × 5 (15); engines: all, odd, 1,5,9 (2; all at 1 %
-        // shared with delay); time: 2 delays × 2 (4).
-        assert_eq!(full.len(), 50 + 10 + 15 + 2 + 4);
+        // shared with delay); time: 2 delays × 2 (4); proxy: loss 0 and 1 %
+        // × 3 carriers at 20 ms (TCP and SDUDP at 1 % shared with time: 4).
+        assert_eq!(full.len(), 50 + 10 + 15 + 2 + 4 + 4);
+        let proxy = grid(&Cli::parse_from(["x", "--kinds", "proxy", "--loss", "0.5"]).a).unwrap();
+        let keys: Vec<String> = proxy.iter().map(|(c, _)| c.key().join(" ")).collect();
+        assert_eq!(
+            keys,
+            [
+                "tcp 9 20 0.5 10 - false",
+                "sdudp 9 20 0.5 10 all true",
+                "quic-proxy 9 20 0.5 10 - false",
+            ]
+        );
         assert!(full.iter().all(|(_, s)| !s.is_empty()));
         assert!(grid(&Cli::parse_from(["x", "--kinds", "nope"]).a).is_err());
         assert!(grid(&Cli::parse_from(["x", "--switches", "3"]).a).is_err());

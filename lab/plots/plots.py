@@ -392,10 +392,11 @@ def sdudp(d):
         groups = sorted({(int(r["switches"]), r["delay_ms"], r["loss_percent"], r["set"])
                          for r in load if r["transport"] == "tcp"})
         labels = ["%d sw %s ms\n%s %% set %s" % g for g in groups]
-        fig, axes = plt.subplots(1, 2, figsize=(max(7, 1.6 * len(groups)), 4), squeeze=False)
+        # One panel above the other: a grid of many cells stays readable.
+        fig, axes = plt.subplots(2, 1, figsize=(max(7, 0.8 * len(groups)), 8), squeeze=False)
         for ax, col, ci, unit, scale, fig_no in [
                 (axes[0][0], "frames_per_switch", "frames_ci95", "frames", 1.0, 8),
-                (axes[0][1], "bytes_per_switch", "bytes_ci95", "MiB", MIB, 7)]:
+                (axes[1][0], "bytes_per_switch", "bytes_ci95", "MiB", MIB, 7)]:
             series = [(t, [pick(t, switches=str(g[0]), delay_ms=g[1],
                                 loss_percent=g[2], set=g[3], rate_mbit="0") for g in groups])
                       for t in ("sdudp", "tcp")]

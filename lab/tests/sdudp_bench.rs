@@ -32,6 +32,7 @@ fn quick_bench_writes_every_cell_delivered_exactly_with_counters() {
         tcp_congestion: "cubic".into(),
         file_gap_us: 0,
         summarize: false,
+        resume: false,
     })
     .unwrap();
 

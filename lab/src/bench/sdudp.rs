@@ -172,6 +172,12 @@ pub struct SdudpBenchArgs {
     /// (e.g. of a grid that was stopped part way).
     #[arg(long)]
     pub summarize: bool,
+    /// Keep OUT/runs.csv and run only the repetitions each cell lacks: a
+    /// stopped grid goes on where it stopped, and a finished one gets more
+    /// repetitions (`--reps` is the total per cell). Needs the same
+    /// `--total-kb`.
+    #[arg(long, conflicts_with = "summarize")]
+    pub resume: bool,
 }
 
 /// What carries host A's files across the line.
@@ -799,7 +805,30 @@ pub fn run(a: SdudpBenchArgs) -> Result<()> {
             pki::issue(pki.path(), name, &[], Validity::days(30))?;
         }
     }
-    let mut runs = Csv::new(RUNS_HEADER);
+    let runs_path = a.out.join("runs.csv");
+    let mut runs = if a.resume && runs_path.exists() {
+        let runs = Csv::read(&runs_path, RUNS_HEADER)?;
+        let (files, bytes) = (runs.col("files"), runs.col("file_bytes"));
+        if let Some(r) = runs.rows.iter().find(|r| {
+            let size: usize = r[bytes].parse().unwrap_or(0);
+            r[files].parse::<usize>().ok() != Some((total / size.max(1)).max(1))
+        }) {
+            bail!(
+                "--resume: {} holds runs of another size ({} files of {} B); use the same --total-kb",
+                runs_path.display(),
+                r[files],
+                r[bytes]
+            );
+        }
+        println!(
+            "resuming: {} runs in {}",
+            runs.rows.len(),
+            runs_path.display()
+        );
+        runs
+    } else {
+        Csv::new(RUNS_HEADER)
+    };
     let started = Instant::now();
     let cells: usize = g.iter().map(|(_, s)| s.len()).sum();
     println!(
@@ -808,6 +837,11 @@ pub fn run(a: SdudpBenchArgs) -> Result<()> {
         total / 1000
     );
     for (c, sets) in &g {
+        let todo = remaining(&runs, c, sets, reps);
+        if todo.is_empty() {
+            println!("== {} (already measured)", c.key().join(" "));
+            continue;
+        }
         let cfg = c.lab(&a.prefix)?;
         let _ = topology::down(&cfg.run_dir, &cfg.prefix);
         println!("== {}", c.key().join(" "));
@@ -820,8 +854,8 @@ pub fn run(a: SdudpBenchArgs) -> Result<()> {
                 Carrier::QuicProxy => Some(start_proxies(&lab, pki.path())?),
                 Carrier::Tcp | Carrier::Sdudp => None,
             };
-            for set in sets {
-                for rep in 0..reps {
+            for &(set, done) in &todo {
+                for rep in done..reps {
                     let r = run_once(&lab, c.carrier, set, total, rep, &a)
                         .with_context(|| format!("{} set {set} rep {rep}", c.key().join(" ")))?;
                     let links = lab.data_links.len().max(1) as f64;
@@ -841,7 +875,7 @@ pub fn run(a: SdudpBenchArgs) -> Result<()> {
                     );
                     let mut row = c.key();
                     row.extend([
-                        (*set).to_string(),
+                        set.to_string(),
                         rep.to_string(),
                         r.files.to_string(),
                         r.file_bytes.to_string(),
@@ -878,6 +912,22 @@ pub fn run(a: SdudpBenchArgs) -> Result<()> {
         bail!("a file set did not arrive byte-exact (runs.csv)");
     }
     Ok(())
+}
+
+/// The file sets of configuration `c` that `runs` holds fewer than `reps`
+/// runs of, each with the number it holds (the first repetition to run).
+fn remaining<'a>(runs: &Csv, c: &Config, sets: &[&'a str], reps: usize) -> Vec<(&'a str, usize)> {
+    let key = c.key();
+    let done = |set: &str| {
+        runs.rows
+            .iter()
+            .filter(|r| r[..key.len()] == key[..] && r[key.len()] == set)
+            .count()
+    };
+    sets.iter()
+        .map(|s| (*s, done(s)))
+        .filter(|&(_, d)| d < reps)
+        .collect()
 }
 
 /// Writes `summary.md` with the figures' plots (`plots.py sdudp`, from
@@ -926,6 +976,15 @@ pub fn aggregate(runs: &Csv) -> Csv {
         ]);
         cells.push(row);
     }
+    // Numbers in numeric order (5 switches before 11), as the figures read.
+    let num = |r: &Vec<String>, i: usize| r[i].parse::<f64>().unwrap_or(f64::NAN);
+    cells.rows.sort_by(|x, y| {
+        (1..5)
+            .fold(x[0].cmp(&y[0]), |o, i| {
+                o.then(num(x, i).total_cmp(&num(y, i)))
+            })
+            .then(x[5..8].cmp(&y[5..8]))
+    });
     cells
 }
 
@@ -1289,6 +1348,29 @@ mod tests {
         assert!(grid(&Cli::parse_from(["x", "--kinds", "nope"]).a).is_err());
         assert!(grid(&Cli::parse_from(["x", "--switches", "3"]).a).is_err());
         assert!(grid(&Cli::parse_from(["x", "--sets", "F"]).a).is_err());
+    }
+
+    #[test]
+    fn resuming_runs_only_the_repetitions_a_cell_lacks() {
+        let c = Config::sdudp(9, 20, 1.0);
+        let mut runs = Csv::new(RUNS_HEADER);
+        let row = |c: &Config, set: &str, rep: usize| {
+            let mut r = c.key();
+            r.extend([set.to_string(), rep.to_string()]);
+            r.resize(RUNS_HEADER.len(), "0".into());
+            r
+        };
+        assert_eq!(remaining(&runs, &c, &["A", "D"], 3), [("A", 0), ("D", 0)]);
+        for rep in 0..3 {
+            runs.push(row(&c, "A", rep));
+        }
+        runs.push(row(&c, "D", 0));
+        // Another configuration's runs and another set's do not count.
+        runs.push(row(&Config::tcp(9, 20, 1.0), "D", 1));
+        runs.push(row(&c, "C", 1));
+        assert_eq!(remaining(&runs, &c, &["A", "D"], 3), [("D", 1)]);
+        assert_eq!(remaining(&runs, &c, &["A", "D"], 5), [("A", 3), ("D", 1)]);
+        assert!(remaining(&runs, &c, &["A"], 3).is_empty());
     }
 
     #[test]

@@ -352,8 +352,9 @@ def sdudp(d):
     """The SDUDP paper's figures from cells.csv (mean, 95 % interval):
     Figs. 7-8 (frames and bytes per switch against the number of switches,
     SDUDP and TCP, per file set, 20 ms lines), Fig. 10 (frames with and
-    without accumulation) and Fig. 11 (time to send at 10 Mbit/s). A figure
-    whose cells were not measured is not drawn."""
+    without accumulation) and Fig. 11 (time to send at 10 Mbit/s, and frames
+    per switch, with the QUIC proxy where it was measured). A figure whose
+    cells were not measured is not drawn."""
     data = rows(os.path.join(d, "cells.csv"))
     colors = {"sdudp": "#1f77b4", "tcp": "#d62728", "sdudp not accumulating": "#9ecae1",
               "quic-proxy": "#2ca02c"}

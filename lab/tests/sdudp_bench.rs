@@ -113,7 +113,7 @@ fn quick_bench_writes_every_cell_delivered_exactly_with_counters() {
         proxy
             .lines()
             .any(|l| l.starts_with("| 5 | 1 ms | 1 % | 10 Mbit/s | A |")
-                && l.ends_with("| true/true/true |")
+                && l.ends_with("| true / true / true |")
                 && !l.contains(" - /")),
         "{proxy}"
     );

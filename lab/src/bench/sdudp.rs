@@ -25,7 +25,10 @@
 //!   carried by TCP, by SDUDP and by the QUIC proxy (`quicsdn proxy` client
 //!   on host A, server on host B: QUIC end to end, one connection between
 //!   the hosts; the sender and the server connect to it on loopback), loss 0
-//!   and 1 %, file sets A and D.
+//!   and 1 %, file sets A and D;
+//! * `throughput` — not in the default `--kinds`: one connection of
+//!   1,000 KB files through 5 switches, at 10 Mbit/s per link and without a
+//!   limit, the three carriers.
 //!
 //! Configurations shared by several experiments run once. Results: `runs.csv`
 //! (one row per run), `cells.csv` (mean and 95 % confidence interval per
@@ -135,7 +138,7 @@ pub struct SdudpBenchArgs {
     /// Experiments, comma-separated: load, delay, accumulation, engines, time
     /// (the paper's), proxy (TCP, SDUDP and the QUIC proxy on one line),
     /// throughput (one bulk connection through 5 switches at 10 Mbit/s and
-    /// without a rate limit, against TCP).
+    /// without a rate limit, against TCP and the QUIC proxy).
     #[arg(long, default_value = "load,delay,accumulation,engines,time,proxy")]
     pub kinds: String,
     /// Repetitions per cell (the paper: 10).
@@ -1022,6 +1025,17 @@ pub fn summary(
             format!("{} Mbit/s", r[4])
         }
     };
+    // The first columns of a table of lines: which line and file set.
+    const LINE: [&str; 5] = ["switches", "delay", "loss", "rate", "set"];
+    let line = |r: &Vec<String>| -> Vec<String> {
+        vec![
+            r[1].clone(),
+            format!("{} ms", r[2]),
+            format!("{} %", r[3]),
+            rate(r),
+            r[7].clone(),
+        ]
+    };
     let mut s = format!(
         "# SDUDP against TCP over a line of real Open vSwitch switches (paper `sdudp`, §IV)\n\n\
          {reps} repetition(s) per cell, {} KB per run; ± is the 95 % confidence half-width. \
@@ -1046,12 +1060,8 @@ pub fn summary(
         };
         let (fs, ft) = (get(r, "frames_per_switch"), get(t, "frames_per_switch"));
         let (bs, bt) = (get(r, "bytes_per_switch"), get(t, "bytes_per_switch"));
-        rows.push(vec![
-            r[1].clone(),
-            format!("{} ms", r[2]),
-            format!("{} %", r[3]),
-            rate(r),
-            r[7].clone(),
+        let mut row = line(r);
+        row.extend([
             format!("{fs:.0} ± {:.0}", get(r, "frames_ci95")),
             format!("{ft:.0} ± {:.0}", get(t, "frames_ci95")),
             out::pct_change(fs, ft),
@@ -1062,24 +1072,24 @@ pub fn summary(
             met(bs < bt),
             format!("{}/{}", r[c("all_exact")], t[c("all_exact")]),
         ]);
+        rows.push(row);
     }
     s += &md_table(
         &[
-            "switches",
-            "delay",
-            "loss",
-            "rate",
-            "set",
-            "SDUDP frames",
-            "TCP frames",
-            "Δ",
-            "frames",
-            "SDUDP bytes",
-            "TCP bytes",
-            "Δ",
-            "bytes",
-            "exact",
-        ],
+            &LINE[..],
+            &[
+                "SDUDP frames",
+                "TCP frames",
+                "Δ",
+                "frames",
+                "SDUDP bytes",
+                "TCP bytes",
+                "Δ",
+                "bytes",
+                "exact",
+            ],
+        ]
+        .concat(),
         &rows,
     );
     // Table 2.
@@ -1222,41 +1232,34 @@ pub fn summary(
     for q in cells.rows.iter().filter(|r| r[0] == "quic-proxy") {
         let t = find(&|x| same_line(q, "tcp", x));
         let u = find(&|x| same_line(q, "sdudp", x) && x[5] == "all" && x[6] == "true");
-        let three = |name: &str, show: &dyn Fn(f64) -> String| -> String {
+        // TCP / SDUDP / QUIC, "-" for a carrier not measured on this line.
+        let three = |show: &dyn Fn(&Vec<String>) -> String| -> String {
             [t, u, Some(q)]
                 .iter()
-                .map(|x| x.map_or("-".into(), |x| show(get(x, name))))
+                .map(|x| x.map_or("-".into(), show))
                 .collect::<Vec<_>>()
                 .join(" / ")
         };
-        rows.push(vec![
-            q[1].clone(),
-            format!("{} ms", q[2]),
-            format!("{} %", q[3]),
-            rate(q),
-            q[7].clone(),
-            three("seconds", &|v| format!("{v:.1}")),
-            three("frames_per_switch", &|v| format!("{v:.0}")),
-            three("bytes_per_switch", &|v| out::bytes(v)),
-            [t, u, Some(q)]
-                .iter()
-                .map(|x| x.map_or("-".into(), |x| x[c("all_exact")].clone()))
-                .collect::<Vec<_>>()
-                .join("/"),
+        let mut row = line(q);
+        row.extend([
+            three(&|x| format!("{:.1}", get(x, "seconds"))),
+            three(&|x| format!("{:.0}", get(x, "frames_per_switch"))),
+            three(&|x| out::bytes(get(x, "bytes_per_switch"))),
+            three(&|x| x[c("all_exact")].clone()),
         ]);
+        rows.push(row);
     }
     s += &md_table(
         &[
-            "switches",
-            "delay",
-            "loss",
-            "rate",
-            "set",
-            "time (s): TCP / SDUDP / QUIC",
-            "frames per switch",
-            "bytes per switch",
-            "exact",
-        ],
+            &LINE[..],
+            &[
+                "time (s): TCP / SDUDP / QUIC",
+                "frames per switch",
+                "bytes per switch",
+                "exact",
+            ],
+        ]
+        .concat(),
         &rows,
     );
     // Throughput (`--kinds throughput`).

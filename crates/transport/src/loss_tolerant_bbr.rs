@@ -829,6 +829,20 @@ mod tests {
         tx_wakeup: Duration,
     }
 
+    /// The lab's path (100 Mbit/s, 20 ms RTT, the emulator's 1000-frame
+    /// queue) with the default controller, for `secs` at random loss `loss`.
+    fn lab_path(loss: f64, secs: u64, stack: Stack) -> Outcome {
+        run_quinn_like(
+            cfg(DEFAULT_MAX_CREDITED_LOSS),
+            100.0,
+            20,
+            loss,
+            1000,
+            secs,
+            stack,
+        )
+    }
+
     /// Like [`run`], for one flow, with quinn-proto 0.11's behaviour around
     /// the controller:
     /// - the receiver acknowledges every second ack-eliciting packet, on a
@@ -1015,15 +1029,7 @@ mod tests {
         // between bursts, and the estimate spiralled down: 0.53 and 0.34 of
         // the link in these two stacks.
         for stack in BUSY_STACKS {
-            let o = run_quinn_like(
-                cfg(DEFAULT_MAX_CREDITED_LOSS),
-                100.0,
-                20,
-                0.0,
-                1000,
-                20,
-                stack,
-            );
+            let o = lab_path(0.0, 20, stack);
             let c = &o.flows[0];
             let share = o.goodput[0] / o.link_rate;
             assert!(
@@ -1051,15 +1057,7 @@ mod tests {
     fn keeps_the_rate_through_random_loss_when_acks_arrive_in_bursts() {
         for loss in [0.05, 0.2] {
             for stack in BUSY_STACKS {
-                let o = run_quinn_like(
-                    cfg(DEFAULT_MAX_CREDITED_LOSS),
-                    100.0,
-                    20,
-                    loss,
-                    1000,
-                    20,
-                    stack,
-                );
+                let o = lab_path(loss, 20, stack);
                 let share = o.goodput[0] / (o.link_rate * (1.0 - loss));
                 assert!(
                     // Measured 0.83-0.92.
@@ -1245,15 +1243,7 @@ mod tests {
             rx_wakeup: Duration::from_millis(1),
             tx_wakeup: Duration::from_millis(1),
         };
-        let o = run_quinn_like(
-            cfg(DEFAULT_MAX_CREDITED_LOSS),
-            100.0,
-            20,
-            0.0,
-            1000,
-            30,
-            stack,
-        );
+        let o = lab_path(0.0, 30, stack);
         let share = o.goodput[0] / o.link_rate;
         assert!(share > 0.97, "{share:.3} of the link");
         // 30 s would take two ProbeRTTs; the samples' RTTs confirmed RTprop.

@@ -561,6 +561,11 @@ fn send_set(
     Ok(reply == h.finish())
 }
 
+/// Files of `size` bytes in a run of `total` bytes (at least one).
+fn files_per_run(total: usize, size: usize) -> usize {
+    (total / size).max(1)
+}
+
 /// One run's measurements.
 struct Run {
     files: usize,
@@ -588,7 +593,7 @@ fn run_once(
     a: &SdudpBenchArgs,
 ) -> Result<Run> {
     let size = SETS.iter().find(|s| s.0 == set).expect("set").1;
-    let files = (total / size).max(1);
+    let files = files_per_run(total, size);
     let (host_a, b) = (
         lab.hosts.first().context("no host")?,
         lab.hosts.last().context("no host")?,
@@ -814,7 +819,7 @@ pub fn run(a: SdudpBenchArgs) -> Result<()> {
         let (files, bytes) = (runs.col("files"), runs.col("file_bytes"));
         if let Some(r) = runs.rows.iter().find(|r| {
             let size: usize = r[bytes].parse().unwrap_or(0);
-            r[files].parse::<usize>().ok() != Some((total / size.max(1)).max(1))
+            r[files].parse::<usize>().ok() != Some(files_per_run(total, size.max(1)))
         }) {
             bail!(
                 "--resume: {} holds runs of another size ({} files of {} B); use the same --total-kb",

@@ -287,6 +287,7 @@ fn sdudp_seeds(out: &mut Vec<(&'static str, Vec<u8>)>, frames: &[Vec<u8>]) {
             flow,
             cum: 17,
             limit: 81,
+            beyond: 4,
             missing: vec![(20, 3), (30, 1)],
         },
         Control::Probe { flow, next: 65_535 },

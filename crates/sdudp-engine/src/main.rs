@@ -92,6 +92,12 @@ struct EngineArgs {
     /// sparse random loss (docs/sdudp.md; slower on lossy links).
     #[arg(long)]
     newreno_window: bool,
+    /// Forward strictly in order, as the paper's engines: a loss then holds
+    /// every later datagram for its repair and idles the links after it. By
+    /// default a relay forwards each datagram as it arrives and only the
+    /// receiving edge restores the order (docs/sdudp.md).
+    #[arg(long)]
+    in_order: bool,
     /// Write counters as JSON to this file, atomically, every --stats-interval.
     #[arg(long)]
     stats: Option<PathBuf>,
@@ -112,6 +118,7 @@ impl EngineArgs {
             } else {
                 Config::default().congestion
             },
+            cut_through: !self.in_order,
             ..Config::default()
         };
         cfg.validate().map_err(anyhow::Error::msg)?;

@@ -684,9 +684,10 @@ impl Edge {
                 Control::Feedback {
                     cum,
                     limit,
+                    beyond,
                     missing,
                     ..
-                } if c.tx_flow() == flow => c.tx.on_feedback(now, cum, limit, &missing),
+                } if c.tx_flow() == flow => c.tx.on_feedback(now, cum, limit, beyond, &missing),
                 Control::Probe { next, .. } if c.rx_flow() == flow => c.rx.on_probe(now, next),
                 Control::Fail { reason, toward, .. } => {
                     c.fail(reason, Some(toward), &mut self.out);
@@ -725,6 +726,7 @@ impl Edge {
                 flow,
                 cum: id_of(end),
                 limit: id_of(end + u64::from(self.cfg.hop.capacity)),
+                beyond: 0,
                 missing: Vec::new(),
             }));
         }

@@ -94,6 +94,8 @@ fn add_flow(s: &mut EngineStats, relay: &Relay) {
 struct Relay {
     rx: HopReceiver,
     tx: HopSender,
+    /// With [`Config::cut_through`]: the flow's last message, once it passed.
+    final_seq: Option<u64>,
 }
 
 impl Relay {
@@ -170,11 +172,12 @@ impl Engine {
             Control::Feedback {
                 cum,
                 limit,
+                beyond,
                 missing,
                 ..
             } => match self.flows.get_mut(&flow) {
                 Some(relay) => {
-                    relay.tx.on_feedback(now, cum, limit, &missing);
+                    relay.tx.on_feedback(now, cum, limit, beyond, &missing);
                     self.pump(now, flow);
                 }
                 None if self.gone.contains_key(&flow) => self.base.late += 1,
@@ -221,6 +224,7 @@ impl Engine {
                     flow,
                     cum: id_of(end),
                     limit: id_of(end + u64::from(self.cfg.capacity)),
+                    beyond: 0,
                     missing: Vec::new(),
                 }));
             }
@@ -241,8 +245,13 @@ impl Engine {
         self.flows.insert(
             flow,
             Relay {
-                rx: HopReceiver::new(flow, &self.cfg),
+                rx: if self.cfg.cut_through {
+                    HopReceiver::cut_through(flow, &self.cfg)
+                } else {
+                    HopReceiver::new(flow, &self.cfg)
+                },
                 tx: HopSender::new(flow, &self.cfg, now),
+                final_seq: None,
             },
         );
         true
@@ -281,15 +290,29 @@ impl Engine {
             return;
         };
         // By the window this engine granted, the sender always has room.
-        while relay.tx.room() > 0 {
-            let Some(p) = relay.rx.take_ready() else {
-                break;
-            };
-            if is_final(&p) {
+        if self.cfg.cut_through {
+            while let Some((seq, p)) = relay.rx.take_arrived() {
+                if is_final(&p) {
+                    relay.final_seq = Some(seq);
+                }
+                relay.tx.insert(seq, p);
+            }
+            // Finished once everything up to the last message is here.
+            if relay.final_seq.is_some_and(|f| relay.rx.next_seq() > f) {
                 relay.rx.finish();
                 relay.tx.finish();
             }
-            relay.tx.push(p);
+        } else {
+            while relay.tx.room() > 0 {
+                let Some(p) = relay.rx.take_ready() else {
+                    break;
+                };
+                if is_final(&p) {
+                    relay.rx.finish();
+                    relay.tx.finish();
+                }
+                relay.tx.push(p);
+            }
         }
         relay.rx.set_base(relay.tx.base());
         self.base.max_held = self.base.max_held.max(relay.held());

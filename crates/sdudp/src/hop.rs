@@ -111,17 +111,23 @@ pub struct HopReceiver {
     advertised: u64,
     /// One past the highest sequence number known to exist.
     high: u64,
-    /// Arrived out of order: all in `(next, limit)`.
+    /// Arrived out of order: all in `(next, limit)` (with `cut_through`, only
+    /// the numbers: the payloads went to `arrived`).
     out_of_order: BTreeMap<u64, Bytes>,
     /// In order, not yet taken by the owner.
     ready: VecDeque<Bytes>,
+    /// Hand every datagram to the owner as it arrives ([`Self::take_arrived`])
+    /// instead of in order ([`Self::take_ready`]): a relay's forwarding.
+    cut_through: bool,
+    /// With `cut_through`: arrived, not yet taken.
+    arrived: VecDeque<(u64, Bytes)>,
     /// Every missing sequence number in `[next, high)`, with its last request.
     missing: BTreeMap<u64, Option<Request>>,
     /// Missing datagrams never requested yet: request them now.
     nack_now: bool,
     /// When the earliest request is due again.
     repeat_at: Option<Instant>,
-    /// In-order arrivals since the last feedback.
+    /// Arrivals since the last feedback (in order, or behind a gap).
     unreleased: u32,
     feedback_now: bool,
     feedback_at: Option<Instant>,
@@ -149,6 +155,8 @@ impl HopReceiver {
             high: 0,
             out_of_order: BTreeMap::new(),
             ready: VecDeque::new(),
+            cut_through: false,
+            arrived: VecDeque::new(),
             missing: BTreeMap::new(),
             nack_now: false,
             repeat_at: None,
@@ -167,6 +175,15 @@ impl HopReceiver {
         self.flow
     }
 
+    /// A receiver whose owner takes datagrams as they arrive, in any order
+    /// ([`Self::take_arrived`]); releases and requests are as in order.
+    pub fn cut_through(flow: FlowKey, cfg: &Config) -> HopReceiver {
+        HopReceiver {
+            cut_through: true,
+            ..HopReceiver::new(flow, cfg)
+        }
+    }
+
     /// The next sequence number expected in order.
     pub fn next_seq(&self) -> u64 {
         self.next
@@ -174,7 +191,11 @@ impl HopReceiver {
 
     /// Datagrams held: out of order plus in order not yet taken.
     pub fn held(&self) -> usize {
-        self.out_of_order.len() + self.ready.len()
+        if self.cut_through {
+            self.arrived.len()
+        } else {
+            self.out_of_order.len() + self.ready.len()
+        }
     }
 
     /// Whether the previous engine has been silent for too long.
@@ -225,12 +246,22 @@ impl HopReceiver {
             }
             self.high = seq + 1;
         }
+        let payload = if self.cut_through {
+            self.arrived.push_back((seq, payload));
+            Bytes::new()
+        } else {
+            payload
+        };
         if seq == self.next {
-            self.ready.push_back(payload);
+            if !self.cut_through {
+                self.ready.push_back(payload);
+            }
             self.next += 1;
             let mut advanced = 1;
             while let Some(p) = self.out_of_order.remove(&self.next) {
-                self.ready.push_back(p);
+                if !self.cut_through {
+                    self.ready.push_back(p);
+                }
                 self.next += 1;
                 advanced += 1;
             }
@@ -242,6 +273,13 @@ impl HopReceiver {
             }
         } else {
             self.out_of_order.insert(seq, payload);
+            // Arrivals behind a gap count towards the next feedback too, so
+            // the sender learns they left the link (`beyond`) while the
+            // repair is under way.
+            self.unreleased += 1;
+            if self.unreleased >= self.release_every {
+                self.feedback_now = true;
+            }
         }
     }
 
@@ -262,6 +300,12 @@ impl HopReceiver {
     /// The next in-order datagram, for the owner.
     pub fn take_ready(&mut self) -> Option<Bytes> {
         self.ready.pop_front()
+    }
+
+    /// With [`Self::cut_through`]: the next datagram that arrived, with its
+    /// sequence number, in arrival order.
+    pub fn take_arrived(&mut self) -> Option<(u64, Bytes)> {
+        self.arrived.pop_front()
     }
 
     /// The owner holds everything from `base` on (taken from [`Self::take_ready`]
@@ -367,6 +411,8 @@ impl HopReceiver {
             flow: self.flow,
             cum: id_of(self.next),
             limit: id_of(self.limit),
+            // At most `capacity` (≤ MAX_CAPACITY) are held: fits.
+            beyond: self.out_of_order.len() as u16,
             missing: ranges
                 .into_iter()
                 .map(|(first, count)| (id_of(first), count as u16))
@@ -526,15 +572,26 @@ pub struct HopSender {
     release_requested: bool,
     /// Every sequence number below `base` was released by the next engine.
     base: u64,
-    /// Sequence numbers `base..base + buf.len()`.
-    buf: VecDeque<Bytes>,
-    /// The next sequence number to send (not yet sent, or to be sent again
-    /// after a smaller window than assumed).
-    next_tx: u64,
+    /// Sequence numbers `base..base + buf.len()`; `None`: a hole, a datagram
+    /// a relay forwarding out of order ([`Self::insert`]) has not received
+    /// yet. An edge's sender ([`Self::push`]) has none.
+    buf: VecDeque<Option<Bytes>>,
+    /// Holes in `buf`.
+    holes: BTreeSet<u64>,
+    /// Datagrams in `buf` to send, in order: never sent (`false`), or sent
+    /// beyond a receiver's window that proved smaller than assumed (`true`).
+    unsent: BTreeMap<u64, bool>,
     /// One past the highest sequence number ever sent.
     sent_end: u64,
     /// Whether `limit` came from the receiver (or is our assumption).
     limit_heard: bool,
+    /// Datagrams after `base` the next engine holds out of order, by its last
+    /// feedback: they left the link, so the congestion window does not count
+    /// them (the pipe of RFC 6675 §4, from a count instead of SACK blocks).
+    /// Without it a single loss closed the window for the round trip of its
+    /// repair, and on a line of equal-rate links that idle time is never
+    /// made up.
+    beyond: u64,
     /// The next engine accepts sequence numbers below this.
     limit: u64,
     /// Requested again by the next engine.
@@ -548,8 +605,8 @@ pub struct HopSender {
     failed: bool,
     rtt: Rtt,
     cwnd: Option<Cwnd>,
-    /// When `base + i` was first sent, `None` once sent again (Karn): the
-    /// window's delay samples.
+    /// When `base + i` was first sent, `None` before that and once sent
+    /// again (Karn): the window's delay samples.
     sent_at: VecDeque<Option<Instant>>,
     pub stats: SenderStats,
 }
@@ -567,9 +624,11 @@ impl HopSender {
             release_requested: false,
             base: 0,
             buf: VecDeque::new(),
-            next_tx: 0,
+            holes: BTreeSet::new(),
+            unsent: BTreeMap::new(),
             sent_end: 0,
             limit_heard: false,
+            beyond: 0,
             limit: u64::from(cfg.capacity),
             retx: BTreeSet::new(),
             last_heard: now,
@@ -635,14 +694,67 @@ impl HopSender {
     /// full sender is the backpressure that reaches the sending host.
     pub fn push(&mut self, payload: Bytes) -> u64 {
         assert!(self.room() > 0, "HopSender::push without room");
-        self.buf.push_back(payload);
-        self.end() - 1
+        let seq = self.end();
+        self.insert(seq, payload);
+        seq
+    }
+
+    /// Puts datagram `seq` in place, leaving holes for any before it not yet
+    /// here: a relay forwards what arrives at once, in whatever order. The
+    /// caller keeps `seq` below `base + capacity` (the window its receiver
+    /// grants); a sequence number already released or already here is a
+    /// duplicate and ignored.
+    pub fn insert(&mut self, seq: u64, payload: Bytes) {
+        if seq < self.base {
+            return;
+        }
+        let i = (seq - self.base) as usize;
+        assert!(i < self.capacity, "HopSender::insert beyond the window");
+        while self.buf.len() <= i {
+            self.holes.insert(self.end());
+            self.buf.push_back(None);
+            self.sent_at.push_back(None);
+        }
+        if self.holes.remove(&seq) {
+            self.buf[i] = Some(payload);
+            self.unsent.insert(seq, false);
+        }
+    }
+
+    /// One past the sequence numbers all sent: the first hole or unsent one.
+    fn sent_below(&self) -> u64 {
+        let hole = self.holes.first().copied().unwrap_or(u64::MAX);
+        let unsent = self.unsent.keys().next().copied().unwrap_or(u64::MAX);
+        hole.min(unsent).min(self.end())
+    }
+
+    /// Whether `seq` went out and is here to be sent again.
+    fn was_sent(&self, seq: u64) -> bool {
+        seq >= self.base
+            && seq < self.sent_end
+            && !self.holes.contains(&seq)
+            && !self.unsent.contains_key(&seq)
+    }
+
+    /// Datagrams sent and not known to have left the link: neither released
+    /// nor held out of order by the next engine (`beyond`), holes excluded.
+    fn in_flight(&self) -> u64 {
+        let span = self.sent_end.saturating_sub(self.base);
+        let holes = self.holes.range(..self.sent_end).count() as u64;
+        let unsent = self.unsent.range(..self.sent_end).count() as u64;
+        span.saturating_sub(holes + unsent + self.beyond)
     }
 
     fn forget_send_time(&mut self, seq: u64) {
         if let Some(t) = self.sent_at.get_mut((seq - self.base) as usize) {
             *t = None;
         }
+    }
+
+    fn payload(&self, seq: u64) -> Bytes {
+        self.buf[(seq - self.base) as usize]
+            .clone()
+            .expect("sending a datagram that is here")
     }
 
     fn on_send(&mut self, now: Instant) {
@@ -652,7 +764,7 @@ impl HopSender {
     }
 
     fn probe_interval(&self) -> Duration {
-        if self.base < self.next_tx || self.next_tx < self.end() {
+        if self.base < self.sent_end || !self.unsent.is_empty() {
             // Outstanding, and nothing new went out for an RTO: ask for the
             // release rather than wait for the receiver's (long) release
             // delay, so a lost last datagram is found within an RTO. A
@@ -668,37 +780,39 @@ impl HopSender {
     /// ones within the next engine's window.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<(u16, Bytes)> {
         while let Some(seq) = self.retx.pop_first() {
-            if seq >= self.base && seq < self.next_tx.min(self.sent_end) {
+            // A request for a hole is not ours to answer: the datagram goes
+            // out once it arrives here, as a new one.
+            if self.was_sent(seq) {
                 self.stats.retransmitted += 1;
                 self.forget_send_time(seq);
                 self.on_send(now);
-                return Some((id_of(seq), self.buf[(seq - self.base) as usize].clone()));
+                return Some((id_of(seq), self.payload(seq)));
             }
         }
-        let window_open = self
-            .cwnd
-            .as_ref()
-            .is_none_or(|c| self.next_tx < self.base + c.cwnd);
-        if self.next_tx < self.end() && self.next_tx < self.limit && window_open {
-            let seq = self.next_tx;
-            self.next_tx += 1;
-            if seq < self.sent_end {
+        let window_open = self.cwnd.as_ref().is_none_or(|c| self.in_flight() < c.cwnd);
+        let next = self
+            .unsent
+            .first_key_value()
+            .map(|(&s, &again)| (s, again))
+            .filter(|&(s, _)| s < self.limit);
+        if let Some((seq, again)) = next
+            && window_open
+        {
+            self.unsent.remove(&seq);
+            if again {
                 self.stats.retransmitted += 1;
                 self.forget_send_time(seq);
             } else {
-                self.sent_end = self.next_tx;
+                self.sent_end = self.sent_end.max(seq + 1);
                 self.stats.sent += 1;
-                if self.cwnd.is_some() {
-                    self.sent_at.push_back(Some(now));
-                }
+                self.sent_at[(seq - self.base) as usize] = Some(now);
             }
             self.on_send(now);
-            return Some((id_of(seq), self.buf[(seq - self.base) as usize].clone()));
+            return Some((id_of(seq), self.payload(seq)));
         }
         if !window_open
-            && self.next_tx < self.end()
-            && self.next_tx < self.limit
-            && self.next_tx - self.base < self.release_every
+            && next.is_some()
+            && self.in_flight() < self.release_every
             && !self.release_requested
             && self.probes == 0
         {
@@ -712,7 +826,14 @@ impl HopSender {
     }
 
     /// A FEEDBACK from the next engine.
-    pub fn on_feedback(&mut self, now: Instant, cum: u16, limit: u16, missing: &[(u16, u16)]) {
+    pub fn on_feedback(
+        &mut self,
+        now: Instant,
+        cum: u16,
+        limit: u16,
+        beyond: u16,
+        missing: &[(u16, u16)],
+    ) {
         let cum = unwrap(cum, self.base);
         if cum > self.sent_end {
             // Releases what was never sent: not from our next engine's state.
@@ -729,6 +850,10 @@ impl HopSender {
         self.probes = 0;
         self.first_probe_at = None;
         let fresh = cum >= self.base;
+        if fresh {
+            // Counted from `cum`, and never more than was sent after it.
+            self.beyond = u64::from(beyond).min(self.sent_end - cum);
+        }
         // A release sent on the arrival of its last datagram (by count, or
         // answering our request when the window closed) times the hop; one
         // sent by the receiver's release timer adds up to `release_delay`,
@@ -757,11 +882,10 @@ impl HopSender {
         while self.base < cum {
             self.buf.pop_front();
             self.sent_at.pop_front();
-            self.base += 1;
-        }
-        if self.next_tx < self.base {
             // Released what we meant to send again after a rewind (below).
-            self.next_tx = self.base;
+            self.unsent.remove(&self.base);
+            self.holes.remove(&self.base);
+            self.base += 1;
         }
         let limit = unwrap(limit, self.base);
         if fresh && !self.limit_heard {
@@ -769,10 +893,13 @@ impl HopSender {
             // (its capacity is smaller than ours), it dropped what we sent
             // beyond it: send that again when the window opens.
             self.limit_heard = true;
-            if limit < self.next_tx {
-                self.next_tx = limit.max(self.base);
-                self.retx.retain(|&s| s < self.next_tx);
+            let from = limit.max(self.base);
+            for seq in from..self.sent_end {
+                if self.was_sent(seq) {
+                    self.unsent.insert(seq, true);
+                }
             }
+            self.retx.retain(|&s| s < from);
             self.limit = limit;
         } else {
             // A receiver's window never shrinks: a smaller one is from an older,
@@ -782,7 +909,7 @@ impl HopSender {
         for &(first, count) in missing {
             let first = unwrap(first, self.base);
             for seq in first..first + u64::from(count) {
-                if seq >= self.base && seq < self.next_tx.min(self.sent_end) {
+                if self.was_sent(seq) {
                     self.retx.insert(seq);
                     if let Some(c) = &mut self.cwnd
                         && c.on_request(seq, self.sent_end)
@@ -828,7 +955,7 @@ impl HopSender {
         self.probe_at = Some(now + self.probe_interval());
         Some(Control::Probe {
             flow: self.flow,
-            next: id_of(self.next_tx),
+            next: id_of(self.sent_below()),
         })
     }
 }

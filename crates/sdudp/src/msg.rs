@@ -15,12 +15,12 @@
 //! REFUSE, FIN and RESET are a flow's last message.
 //!
 //! **Hop control** (between adjacent engines only, never forwarded as is):
-//! `u8 magic 0x5D, u8 version 1, u8 type`, the flow ([`FlowKey`], 12 bytes), then
+//! `u8 magic 0x5D, u8 version 2, u8 type`, the flow ([`FlowKey`], 12 bytes), then
 //!
 //! | type | body |
 //! |---|---|
-//! | 0x01 FEEDBACK (receiver → sender) | u16 cum (every ID before it arrived: free them), u16 limit (send only IDs before it), u8 n, n × (u16 first, u16 count) missing (a NACK) |
-//! | 0x02 PROBE (sender → receiver) | u16 next (one past the last ID sent); always answered with FEEDBACK |
+//! | 0x01 FEEDBACK (receiver → sender) | u16 cum (every ID before it arrived: free them), u16 limit (send only IDs before it), u16 beyond (IDs after cum that arrived out of order), u8 n, n × (u16 first, u16 count) missing (a NACK) |
+//! | 0x02 PROBE (sender → receiver) | u16 next (every ID before it was sent); always answered with FEEDBACK |
 //! | 0x03 FAIL | u8 direction (1 downstream, 2 upstream), u8 reason |
 //!
 //! All integers big-endian. Decoding never panics; anything malformed is a
@@ -260,12 +260,15 @@ pub enum FailReason {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Control {
     /// From a flow's receiver to the engine before it: IDs before `cum`
-    /// arrived (free them), IDs from `limit` on may not be sent yet, and the
-    /// `missing` ranges `(first, count)` are requested again (a NACK).
+    /// arrived (free them), IDs from `limit` on may not be sent yet, `beyond`
+    /// datagrams after `cum` arrived out of order (they left the link, so the
+    /// sender's congestion window need not count them), and the `missing`
+    /// ranges `(first, count)` are requested again (a NACK).
     Feedback {
         flow: FlowKey,
         cum: u16,
         limit: u16,
+        beyond: u16,
         missing: Vec<(u16, u16)>,
     },
     /// From a flow's sender to the next engine: it has sent every ID before
@@ -280,7 +283,9 @@ pub enum Control {
 }
 
 pub const CONTROL_MAGIC: u8 = 0x5D;
-const CONTROL_VERSION: u8 = 1;
+/// 2: FEEDBACK carries `beyond`. Engines of one path run one version; a
+/// message of another is refused as malformed.
+const CONTROL_VERSION: u8 = 2;
 const C_FEEDBACK: u8 = 1;
 const C_PROBE: u8 = 2;
 const C_FAIL: u8 = 3;
@@ -312,12 +317,14 @@ impl Control {
                 flow,
                 cum,
                 limit,
+                beyond,
                 missing,
             } => {
                 b.put_u8(C_FEEDBACK);
                 flow.put(&mut b);
                 b.put_u16(*cum);
                 b.put_u16(*limit);
+                b.put_u16(*beyond);
                 let n = missing.len().min(255);
                 b.put_u8(n as u8);
                 for (first, count) in &missing[..n] {
@@ -366,6 +373,7 @@ impl Control {
             C_FEEDBACK => {
                 let cum = r.u16()?;
                 let limit = r.u16()?;
+                let beyond = r.u16()?;
                 let n = r.u8()?;
                 let mut missing = Vec::with_capacity(n as usize);
                 for _ in 0..n {
@@ -380,6 +388,7 @@ impl Control {
                     flow,
                     cum,
                     limit,
+                    beyond,
                     missing,
                 }
             }
@@ -541,12 +550,14 @@ mod tests {
                 flow: flow(),
                 cum: 65_535,
                 limit: 1000,
+                beyond: 9,
                 missing: vec![(65_535, 3), (7, 1)],
             },
             Control::Feedback {
                 flow: flow(),
                 cum: 0,
                 limit: 1024,
+                beyond: 0,
                 missing: vec![],
             },
             Control::Probe {

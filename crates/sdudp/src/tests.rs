@@ -567,6 +567,37 @@ fn a_relay_forwards_past_a_gap_and_leaves_the_hole_to_its_upstream() {
     assert_eq!(tx.stats.retransmitted, 1);
 }
 
+#[test]
+fn a_request_sent_before_the_datagram_could_arrive_is_not_a_loss() {
+    // Releases by count of one, so every release times the hop: 10 ms.
+    let cfg = Config {
+        release_every: 1,
+        ..Config::default()
+    };
+    let t0 = Instant::now();
+    let b = Bytes::from_static;
+    let mut tx = HopSender::new(flow(), &cfg, t0);
+    tx.insert(0, b(b"a"));
+    assert_eq!(tx.poll_transmit(t0), Some((0, b(b"a"))));
+    tx.on_feedback(t0 + ms(10), 1, 1025, 0, &[]);
+    // A relay forwards 2 past its hole at 1; the repair arrives 1 ms later
+    // and goes on too.
+    let t1 = t0 + ms(20);
+    tx.insert(2, b(b"c"));
+    assert_eq!(tx.poll_transmit(t1), Some((2, b(b"c"))));
+    tx.insert(1, b(b"b"));
+    assert_eq!(tx.poll_transmit(t1 + ms(1)), Some((1, b(b"b"))));
+    // The next engine's request for the hole, sent when 2 arrived, comes
+    // back 9 ms after 1 went on: 1 cannot have arrived before it was sent.
+    tx.on_feedback(t1 + ms(10), 1, 1026, 1, &[(1, 1)]);
+    assert_eq!(tx.poll_transmit(t1 + ms(10)), None);
+    assert_eq!(tx.stats.retransmitted, 0);
+    // Asked again a round trip after it went on: lost, sent again.
+    tx.on_feedback(t1 + ms(12), 1, 1026, 1, &[(1, 1)]);
+    assert_eq!(tx.poll_transmit(t1 + ms(12)), Some((1, b(b"b"))));
+    assert_eq!(tx.stats.retransmitted, 1);
+}
+
 /// 3 MB through 5 switches (3 relays, 4 links of 1 ms, 1 % loss each, ports
 /// drained at 10 Mbit/s behind the lab's 1,000-frame queues), relays
 /// forwarding out of order or in order; returns B's time to read it all.

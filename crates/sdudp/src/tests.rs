@@ -598,17 +598,15 @@ fn a_request_sent_before_the_datagram_could_arrive_is_not_a_loss() {
     assert_eq!(tx.stats.retransmitted, 1);
 }
 
-/// 3 MB through 5 switches (3 relays, 4 links of 1 ms, 1 % loss each, ports
-/// drained at 10 Mbit/s behind the lab's 1,000-frame queues), relays
-/// forwarding out of order or in order; returns B's time to read it all.
-fn five_switch_line(cut_through: bool, seed: u64) -> Duration {
-    let mut cfg = EdgeConfig::default();
-    cfg.hop.cut_through = cut_through;
+/// 3 MB from A to B over `relays` relays and links of `delay` with random
+/// `loss`, every port drained at 10 Mbit/s behind a drop-tail queue of 1,000
+/// frames (the lab's link emulator); runs until both sides closed.
+fn ten_mbit_line(relays: usize, delay: Duration, loss: f64, cfg: EdgeConfig, seed: u64) -> Sim {
     let link = Link {
-        loss: 0.01,
-        ..Link::clean(ms(1))
+        loss,
+        ..Link::clean(delay)
     };
-    let mut sim = Sim::new(3, link, cfg, seed);
+    let mut sim = Sim::new(relays, link, cfg, seed);
     sim.ports = Some(crate::sim::Ports {
         bits_per_second: 10_000_000,
         queue_bytes: 1000 * 1514,
@@ -617,6 +615,15 @@ fn five_switch_line(cut_through: bool, seed: u64) -> Duration {
     sim.connect();
     sim.run(Duration::from_secs(300));
     assert_clean_finish(&sim);
+    sim
+}
+
+/// 5 switches (3 relays, 4 links of 1 ms, 1 % loss each), relays forwarding
+/// out of order or in order; returns B's time to read it all.
+fn five_switch_line(cut_through: bool, seed: u64) -> Duration {
+    let mut cfg = EdgeConfig::default();
+    cfg.hop.cut_through = cut_through;
+    let sim = ten_mbit_line(3, ms(1), 0.01, cfg, seed);
     sim.b_all_at.expect("B read everything")
 }
 
@@ -848,10 +855,9 @@ fn a_congestion_window_keeps_bursts_within_the_ports_queues() {
     assert!(sent_none > sent_cw, "{sent_none} vs {sent_cw}");
 }
 
-/// Fig. 11's line on the virtual clock: 3 MB from A to B over 9 switches (7
-/// relays, 8 links) of 20 ms, 1 % random loss per link, every port drained
-/// at 10 Mbit/s behind a drop-tail queue of 1,000 frames (the lab's link
-/// emulator). Returns the time until B read everything, and the ports' drops.
+/// Fig. 11's line on the virtual clock: 9 switches (7 relays, 8 links of
+/// 20 ms) with random `loss` per link ([`ten_mbit_line`]). Returns the time
+/// until B read everything, and the ports' drops.
 fn fig11_line(
     congestion: Option<crate::CongestionConfig>,
     seed: u64,
@@ -859,19 +865,7 @@ fn fig11_line(
 ) -> (Duration, u64) {
     let mut cfg = EdgeConfig::default();
     cfg.hop.congestion = congestion;
-    let link = Link {
-        loss,
-        ..Link::clean(ms(20))
-    };
-    let mut sim = Sim::new(7, link, cfg, seed);
-    sim.ports = Some(crate::sim::Ports {
-        bits_per_second: 10_000_000,
-        queue_bytes: 1000 * 1514,
-    });
-    sim.a_data = pattern(3_000_000, seed);
-    sim.connect();
-    sim.run(Duration::from_secs(300));
-    assert_clean_finish(&sim);
+    let sim = ten_mbit_line(7, ms(20), loss, cfg, seed);
     (sim.b_all_at.expect("B read everything"), sim.port_drops)
 }
 

@@ -542,11 +542,11 @@ impl Cwnd {
         }
         self.counted_loss = Some(seq);
         self.round_losses += 1;
-        // Counted against what the round sent, which exceeds the window
-        // when datagrams held behind a gap downstream free it (`beyond`):
-        // measured against the window alone, a round of a lossy 20 ms hop
-        // "lost" too much and halved it (virtual clock, 9 switches, 1 %:
-        // 6–9 halvings and 7.1–7.5 s for 3 MB, against 0 and 3.1 s).
+        // Counted against what the round sent (at least the window), which
+        // exceeds the window when datagrams held behind a gap downstream free
+        // it (`beyond`): measured against the window alone, random loss on a
+        // 20 ms hop halved it (Fig. 11's line on the virtual clock, 3 % of
+        // the window: 6–9 halvings; docs/sdudp.md).
         let sent = self.cwnd.max(sent_end.saturating_sub(self.round_start));
         let tolerated = if self.cfg.tolerated_loss_permille == 0 {
             0

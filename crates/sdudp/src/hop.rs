@@ -820,7 +820,8 @@ impl HopSender {
                 return Some((id_of(seq), self.payload(seq)));
             }
         }
-        let window_open = self.cwnd.as_ref().is_none_or(|c| self.in_flight() < c.cwnd);
+        let in_flight = self.in_flight();
+        let window_open = self.cwnd.as_ref().is_none_or(|c| in_flight < c.cwnd);
         let next = self
             .unsent
             .first_key_value()
@@ -843,7 +844,7 @@ impl HopSender {
         }
         if !window_open
             && next.is_some()
-            && self.in_flight() < self.release_every
+            && in_flight < self.release_every
             && !self.release_requested
             && self.probes == 0
         {

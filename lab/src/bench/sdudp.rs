@@ -48,7 +48,7 @@ use crate::bench::relay::AgentProcess;
 use crate::emulator::control::Accounting;
 use crate::emulator::sys::in_netns;
 use crate::fileset::{self, FileSetHasher};
-use crate::state::{LabState, SdudpSettings, Topology};
+use crate::state::{HostRecord, LabState, SdudpSettings, Topology};
 use crate::topology::{self, LabConfig};
 use std::os::fd::AsRawFd;
 
@@ -566,6 +566,14 @@ fn files_per_run(total: usize, size: usize) -> usize {
     (total / size).max(1)
 }
 
+/// Host A (on the first switch) and host B (on the last) of a line lab.
+fn line_hosts(lab: &LabState) -> Result<(&HostRecord, &HostRecord)> {
+    Ok((
+        lab.hosts.first().context("no host")?,
+        lab.hosts.last().context("no host")?,
+    ))
+}
+
 /// One run's measurements.
 struct Run {
     files: usize,
@@ -594,10 +602,7 @@ fn run_once(
 ) -> Result<Run> {
     let size = SETS.iter().find(|s| s.0 == set).expect("set").1;
     let files = files_per_run(total, size);
-    let (host_a, b) = (
-        lab.hosts.first().context("no host")?,
-        lab.hosts.last().context("no host")?,
-    );
+    let (host_a, b) = line_hosts(lab)?;
     let links: Vec<_> = lab
         .data_links
         .iter()
@@ -662,10 +667,7 @@ fn run_once(
 /// other's MAC (ARP crosses the lossy line, and a lost request or reply costs
 /// Linux a 1 s retry), so no carrier's first run times ARP.
 fn hosts_know_each_other(lab: &LabState) -> Result<()> {
-    let (a, b) = (
-        lab.hosts.first().context("no host")?,
-        lab.hosts.last().context("no host")?,
-    );
+    let (a, b) = line_hosts(lab)?;
     for (from, to) in [(a, b), (b, a)] {
         let ns = crate::netns::Netns::named(from.netns.clone());
         // Each attempt waits at most 1 s. At 1 % per link a round trip over
@@ -689,10 +691,7 @@ fn hosts_know_each_other(lab: &LabState) -> Result<()> {
 /// has crossed the line through them, so the first run does not time the
 /// QUIC handshake; the processes stop when dropped.
 fn start_proxies(lab: &LabState, pki: &std::path::Path) -> Result<[AgentProcess; 2]> {
-    let (host_a, b) = (
-        lab.hosts.first().context("no host")?,
-        lab.hosts.last().context("no host")?,
-    );
+    let (host_a, b) = line_hosts(lab)?;
     let bin = crate::agents::quicsdn_binary()?;
     let tls = |name: &str| {
         [

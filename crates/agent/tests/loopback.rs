@@ -447,10 +447,12 @@ async fn an_unknown_service_is_refused_by_name_and_the_rest_works() {
 async fn an_unreachable_controller_closes_the_switch_side_with_a_reason() {
     let (logs, _guard) = LogCapture::install();
     let pki = Pki::new();
-    // A port nobody listens on.
-    let dead = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // A port nobody listens on: bound, never listening, and kept bound for
+    // the whole test, so a listener of a test running beside this one cannot
+    // take the port over (a connect there would then succeed and never close).
+    let dead = tokio::net::TcpSocket::new_v4().unwrap();
+    dead.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let dead_target = format!("tcp:{}", dead.local_addr().unwrap());
-    drop(dead);
     let (controller, agent) = pair(
         &pki,
         "sw1",

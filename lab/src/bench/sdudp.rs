@@ -159,6 +159,10 @@ pub struct SdudpBenchArgs {
     /// Bytes per run (KB); the paper: 3,000.
     #[arg(long)]
     pub total_kb: Option<usize>,
+    /// Only these carriers, comma-separated: tcp, sdudp, quic-proxy (e.g. a
+    /// long SDUDP transfer without waiting for TCP CUBIC at 1 % loss).
+    #[arg(long)]
+    pub carriers: Option<String>,
     /// Name prefix of the labs (at most 10 characters).
     #[arg(long, default_value = "sdudpb")]
     pub prefix: String,
@@ -196,6 +200,8 @@ pub enum Carrier {
 }
 
 impl Carrier {
+    const ALL: [Carrier; 3] = [Carrier::Tcp, Carrier::Sdudp, Carrier::QuicProxy];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Carrier::Tcp => "tcp",
@@ -461,6 +467,22 @@ pub fn grid(a: &SdudpBenchArgs) -> Result<Vec<(Config, Vec<&'static str>)>> {
             }
             _ => unreachable!(),
         }
+    }
+    if let Some(want) = &a.carriers {
+        let want: Vec<Carrier> = want
+            .split(',')
+            .map(|x| {
+                Carrier::ALL
+                    .into_iter()
+                    .find(|c| c.as_str() == x.trim())
+                    .ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "--carriers: unknown carrier {x:?} (tcp, sdudp, quic-proxy)"
+                        )
+                    })
+            })
+            .collect::<Result<_>>()?;
+        g.retain(|(c, _)| want.contains(&c.carrier));
     }
     Ok(g)
 }
@@ -1381,6 +1403,10 @@ mod tests {
         assert!(grid(&Cli::parse_from(["x", "--kinds", "nope"]).a).is_err());
         assert!(grid(&Cli::parse_from(["x", "--switches", "3"]).a).is_err());
         assert!(grid(&Cli::parse_from(["x", "--sets", "F"]).a).is_err());
+        let only =
+            grid(&Cli::parse_from(["x", "--kinds", "proxy", "--carriers", "sdudp"]).a).unwrap();
+        assert!(!only.is_empty() && only.iter().all(|(c, _)| c.carrier == Carrier::Sdudp));
+        assert!(grid(&Cli::parse_from(["x", "--carriers", "udp"]).a).is_err());
     }
 
     #[test]

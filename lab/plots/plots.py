@@ -348,6 +348,44 @@ def bicast(d):
     save(fig, d, "bicast.png")
 
 
+def load_lines(load, pick):
+    """Figs. 7-8 as the paper draws them, for a grid of many cells: frames
+    (top) and MiB (bottom) per switch against the number of switches, one
+    panel per file set, SDUDP solid and TCP dashed, a colour per loss rate;
+    20 ms lines only (the paper's)."""
+    d20 = [r for r in load if r["delay_ms"] == "20"]
+    sets = sorted({r["set"] for r in d20})
+    losses = sorted({r["loss_percent"] for r in d20}, key=float)
+    switches = sorted({int(r["switches"]) for r in d20})
+    cmap = plt.get_cmap("viridis")
+    fig, axes = plt.subplots(2, len(sets), figsize=(3.2 * len(sets) + 1, 7), squeeze=False,
+                             sharey="row")
+    for j, s in enumerate(sets):
+        for i, (col, scale, unit, fig_no) in enumerate(
+                [("frames_per_switch", 1.0, "frames", 8), ("bytes_per_switch", MIB, "MiB", 7)]):
+            ax = axes[i][j]
+            for k, p in enumerate(losses):
+                color = cmap(k / max(1, len(losses) - 1) * 0.9)
+                for t, style in (("sdudp", "-"), ("tcp", "--")):
+                    pts = [(n, pick(t, switches=str(n), delay_ms="20", loss_percent=p, set=s,
+                                    rate_mbit="0")) for n in switches]
+                    pts = [(n, float(c[col]) / scale) for n, c in pts if c]
+                    if pts:
+                        ax.plot([x for x, _ in pts], [y for _, y in pts], style, marker="o",
+                                markersize=3, color=color,
+                                label="%s %s %%" % (t, p) if j == 0 else None)
+            ax.set_xticks(switches)
+            ax.grid(alpha=0.3)
+            if i == 0:
+                ax.set_title("set %s (cf. Figs. 7-8)" % s, fontsize=9)
+            else:
+                ax.set_xlabel("switches")
+            if j == 0:
+                ax.set_ylabel("%s per switch (cf. Fig. %d)" % (unit, fig_no))
+    axes[0][0].legend(fontsize=7, ncol=2)
+    return fig
+
+
 def sdudp(d):
     """The SDUDP paper's figures from cells.csv (mean, 95 % interval):
     Figs. 7-8 (frames and bytes per switch against the number of switches,
@@ -392,19 +430,25 @@ def sdudp(d):
         # Cells with both transports only: the figures compare them.
         groups = sorted({(int(r["switches"]), r["delay_ms"], r["loss_percent"], r["set"])
                          for r in load if r["transport"] == "tcp"})
-        labels = ["%d sw %s ms\n%s %% set %s" % g for g in groups]
-        # One panel above the other: a grid of many cells stays readable.
-        fig, axes = plt.subplots(2, 1, figsize=(max(7, 0.8 * len(groups)), 8), squeeze=False)
-        for ax, col, ci, unit, scale, fig_no in [
-                (axes[0][0], "frames_per_switch", "frames_ci95", "frames", 1.0, 8),
-                (axes[1][0], "bytes_per_switch", "bytes_ci95", "MiB", MIB, 7)]:
-            series = [(t, [pick(t, switches=str(g[0]), delay_ms=g[1],
-                                loss_percent=g[2], set=g[3], rate_mbit="0") for g in groups])
-                      for t in ("sdudp", "tcp")]
-            bars(ax, labels, series, lambda c, col=col: float(c[col]) / scale,
-                 lambda c, ci=ci: float(c[ci]) / scale,
-                 "%s per switch" % unit, "%s per switch (cf. Fig. %d)" % (unit, fig_no))
-        save(fig, d, "sdudp-load.png")
+        if len(groups) > 24:
+            # A full grid: one bar pair per cell would not read.
+            save(load_lines(load, pick), d, "sdudp-load.png")
+        else:
+            labels = ["%d sw %s ms\n%s %% set %s" % g for g in groups]
+            # One panel above the other: a grid of many cells stays readable.
+            fig, axes = plt.subplots(2, 1, figsize=(max(7, 0.8 * len(groups)), 8),
+                                     squeeze=False)
+            for ax, col, ci, unit, scale, fig_no in [
+                    (axes[0][0], "frames_per_switch", "frames_ci95", "frames", 1.0, 8),
+                    (axes[1][0], "bytes_per_switch", "bytes_ci95", "MiB", MIB, 7)]:
+                series = [(t, [pick(t, switches=str(g[0]), delay_ms=g[1],
+                                    loss_percent=g[2], set=g[3], rate_mbit="0")
+                               for g in groups])
+                          for t in ("sdudp", "tcp")]
+                bars(ax, labels, series, lambda c, col=col: float(c[col]) / scale,
+                     lambda c, ci=ci: float(c[ci]) / scale,
+                     "%s per switch" % unit, "%s per switch (cf. Fig. %d)" % (unit, fig_no))
+            save(fig, d, "sdudp-load.png")
     # Fig. 10: SDUDP with and without accumulation (all engines, no rate limit),
     # and TCP.
     acc = [r for r in data if r["transport"] == "sdudp" and r["accumulate"] == "false"]

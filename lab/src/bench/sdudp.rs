@@ -1066,6 +1066,19 @@ pub fn summary(
         format!("with a {} µs pause after each, TCP_NODELAY", a.file_gap_us)
     };
     let c = |name: &str| cells.col(name);
+    // Cells of a resumed or merged grid can hold different numbers of runs.
+    let held: Vec<usize> = cells
+        .rows
+        .iter()
+        .filter_map(|r| r[c("reps")].parse().ok())
+        .collect();
+    let reps = match (held.iter().min(), held.iter().max()) {
+        (Some(lo), Some(hi)) if lo != hi => {
+            format!("{lo}–{hi} repetitions per cell (`reps` in cells.csv)")
+        }
+        (Some(n), _) => format!("{n} repetition(s) per cell"),
+        _ => format!("{reps} repetition(s) per cell"),
+    };
     let get = |r: &Vec<String>, name: &str| -> f64 { r[c(name)].parse().unwrap_or(f64::NAN) };
     let find = |pred: &dyn Fn(&Vec<String>) -> bool| cells.rows.iter().find(|r| pred(r));
     let same_line =
@@ -1090,7 +1103,7 @@ pub fn summary(
     };
     let mut s = format!(
         "# SDUDP against TCP over a line of real Open vSwitch switches (paper `sdudp`, §IV)\n\n\
-         {reps} repetition(s) per cell, {} KB per run; ± is the 95 % confidence half-width. \
+         {reps}, {} KB per run; ± is the 95 % confidence half-width. \
          Loads are the emulated inter-switch links' counters (both directions, frames offered \
          to the link), averaged over the links (≈ per switch). The hosts' TCP: {cc} \
          (`--tcp-congestion`); host A writes its files {gap} (`--file-gap-us`). \

@@ -10,14 +10,20 @@
 mod common;
 
 use common::LabGuard;
-use quicsdn_lab::emulator::control::Accounting;
+use quicsdn_lab::bench::bicast;
+use quicsdn_lab::emulator::control::{Accounting, LinkReport};
+use quicsdn_lab::emulator::link::LinkRecord;
 use quicsdn_lab::fileset::{self, FileSetHasher};
+use quicsdn_lab::netns::Netns;
+use quicsdn_lab::process::{ProcRecord, spawn_service};
 use quicsdn_lab::state::{LabState, SdudpSettings, Topology};
 use quicsdn_lab::topology;
 use quicsdn_lab::transport::Transport;
+use quicsdn_lab::wait::poll_until;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
+use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -123,6 +129,81 @@ fn stats(lab: &LabState, i: u32) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(&lab.engines[i as usize - 1].stats).unwrap()).unwrap()
 }
 
+/// Asserts that only UDP crossed a middle link since its counters were reset
+/// (the hosts' TCP ends at the edge engines), both ways; returns its report.
+fn only_udp_crossed(l: &LinkRecord) -> LinkReport {
+    let report = l.control().show().unwrap().report(&Accounting::default());
+    for d in [&report.a_to_b, &report.b_to_a] {
+        let tcp = d.classes.get("tcp_other").map_or(0, |c| c.offered.frames);
+        let udp = d.classes.get("udp_other").map_or(0, |c| c.offered.frames);
+        assert_eq!(tcp, 0, "TCP on middle link {}: {}", l.name, d.summary);
+        assert!(udp > 0, "no UDP on middle link {}", l.name);
+    }
+    report
+}
+
+/// Stops the HTTP server when the test ends, passed or not (by its PID and
+/// start time, never by name).
+struct Stop(ProcRecord);
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        let _ = self.0.terminate(Duration::from_secs(2));
+    }
+}
+
+fn single_file_by_curl(lab: &LabState) {
+    let dir = tempfile::tempdir().unwrap();
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    let file = www.join("one.bin");
+    bicast::make_file(&file, 1_000_000).unwrap();
+    let script = dir.path().join("http_server.py");
+    std::fs::write(&script, include_str!("../src/bench/http_server.py")).unwrap();
+    let (host_a, host_b) = (&lab.hosts[0], &lab.hosts[lab.hosts.len() - 1]);
+    let mut cmd = Netns::named(host_b.netns.clone()).command("python3");
+    cmd.arg(&script)
+        .args(["cubic", host_b.ip.as_str(), "8081"])
+        .arg(&www);
+    let _server =
+        Stop(spawn_service("http server", &mut cmd, &dir.path().join("http.log")).unwrap());
+    let url = format!("http://{}:8081/one.bin", host_b.ip);
+    let client = Netns::named(host_a.netns.clone());
+    poll_until(
+        "host B's HTTP server to answer host A",
+        Duration::from_secs(30),
+        || {
+            let ok = client
+                .command("curl")
+                .args(["-sS", "--fail", "--head", "--max-time", "5", url.as_str()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()?
+                .success();
+            Ok(ok.then_some(()))
+        },
+    )
+    .unwrap();
+    let got = dir.path().join("got.bin");
+    let out = client
+        .command("curl")
+        .args(["-sS", "--fail", "--max-time", "60", "-o"])
+        .arg(&got)
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        bicast::sha256(&got).unwrap(),
+        bicast::sha256(&file).unwrap(),
+        "the file curl fetched across the SDUDP line differs"
+    );
+}
+
 #[test]
 fn file_sets_cross_five_switches_as_udp_and_an_engine_death_is_visible() {
     common::require_root();
@@ -194,13 +275,7 @@ fn file_sets_cross_five_switches_as_udp_and_an_engine_death_is_visible() {
     // Only UDP on the middle links (the hosts' TCP ends at the edges), and
     // the losses were repaired by the retransmission engines.
     for l in &links[1..links.len() - 1] {
-        let report = l.control().show().unwrap().report(&Accounting::default());
-        for d in [&report.a_to_b, &report.b_to_a] {
-            let tcp = d.classes.get("tcp_other").map_or(0, |c| c.offered.frames);
-            let udp = d.classes.get("udp_other").map_or(0, |c| c.offered.frames);
-            assert_eq!(tcp, 0, "TCP on middle link {}: {}", l.name, d.summary);
-            assert!(udp > 0, "no UDP on middle link {}", l.name);
-        }
+        let report = only_udp_crossed(l);
         assert!(
             report.a_to_b.total.lost.frames > 0,
             "link {} lost nothing",
@@ -216,6 +291,17 @@ fn file_sets_cross_five_switches_as_udp_and_an_engine_death_is_visible() {
         "relays: {:?}",
         (2..N).map(|i| stats(&lab, i)).collect::<Vec<_>>()
     );
+
+    // A single file the other way, as the single-file case: curl on
+    // host A fetches it from a real HTTP server on host B (B → A is the
+    // engines' reverse flow), and it arrives with the same sha256.
+    for l in &links {
+        l.control().reset_counters().unwrap();
+    }
+    single_file_by_curl(&lab);
+    for l in &links[1..links.len() - 1] {
+        only_udp_crossed(l);
+    }
 
     // A relay engine dies mid-transfer: the host's connection fails visibly.
     let (sent_tx, sent_rx) = mpsc::channel();

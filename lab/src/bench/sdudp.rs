@@ -483,6 +483,13 @@ pub fn grid(a: &SdudpBenchArgs) -> Result<Vec<(Config, Vec<&'static str>)>> {
             })
             .collect::<Result<_>>()?;
         g.retain(|(c, _)| want.contains(&c.carrier));
+        if g.is_empty() {
+            bail!(
+                "--carriers: none of the experiments in --kinds {} uses {}",
+                a.kinds,
+                a.carriers.as_deref().unwrap_or_default()
+            );
+        }
     }
     Ok(g)
 }
@@ -1420,6 +1427,8 @@ mod tests {
             grid(&Cli::parse_from(["x", "--kinds", "proxy", "--carriers", "sdudp"]).a).unwrap();
         assert!(!only.is_empty() && only.iter().all(|(c, _)| c.carrier == Carrier::Sdudp));
         assert!(grid(&Cli::parse_from(["x", "--carriers", "udp"]).a).is_err());
+        let none = ["x", "--kinds", "accumulation", "--carriers", "quic-proxy"];
+        assert!(grid(&Cli::parse_from(none).a).is_err());
     }
 
     #[test]

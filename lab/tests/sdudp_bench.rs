@@ -28,7 +28,7 @@ fn quick_bench_writes_every_cell_delivered_exactly_with_counters() {
         sets: None,
         delays: None,
         total_kb: None,
-        carriers: None,
+        carriers: Vec::new(),
         prefix: P.into(),
         tcp_congestion: "cubic".into(),
         file_gap_us: 0,

@@ -248,7 +248,7 @@ impl SessionStore {
             return Ok(());
         };
         let mut st = self.lock();
-        let tmp = path.with_extension("tmp");
+        let tmp = temp_path(path);
         // Record by record: the whole store at once was tens of MiB in one
         // buffer at 10,000 switches.
         let mut f = BufWriter::new(open_private(&tmp, true)?);
@@ -304,6 +304,16 @@ impl SessionStore {
             );
         }
     }
+}
+
+/// Where a compaction writes before its rename: the store's own name plus
+/// `.tmp`. Not `with_extension`: `--workers` stores are `FILE.0`, `FILE.1`, …,
+/// which would all share `FILE.tmp`, and workers compacting at once (every one
+/// does at start) renamed each other's files or failed to start.
+fn temp_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".tmp");
+    PathBuf::from(name)
 }
 
 fn open_private(path: &Path, truncate: bool) -> io::Result<File> {
@@ -492,6 +502,29 @@ mod tests {
         let s = SessionStore::open(&path, 100).unwrap();
         assert_eq!(s.take(&k(1)), None, "taken after the first restart");
         assert_eq!(s.take(&k(3)).as_deref(), Some(&b"three"[..]));
+    }
+
+    #[test]
+    fn stores_of_workers_side_by_side_compact_without_touching_each_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("sessions.0"), dir.path().join("sessions.1"));
+        assert_ne!(temp_path(&a), temp_path(&b));
+        // Worker 1 is in the middle of writing its compaction.
+        std::fs::write(temp_path(&b), b"worker 1's half-written store").unwrap();
+        let s = SessionStore::open(&a, 100).unwrap();
+        s.put(k(1), b"zero".to_vec());
+        drop(s);
+        assert_eq!(
+            std::fs::read(temp_path(&b)).unwrap(),
+            b"worker 1's half-written store",
+            "worker 0's compaction left worker 1's file alone"
+        );
+        let s = SessionStore::open(&b, 100).unwrap();
+        assert!(s.is_empty());
+        s.put(k(2), b"one".to_vec());
+        drop(s);
+        let s = SessionStore::open(&a, 100).unwrap();
+        assert_eq!((s.len(), s.get(&k(1)).as_deref()), (1, Some(&b"zero"[..])));
     }
 
     #[test]

@@ -122,7 +122,13 @@ fn two_workers_share_a_port_and_a_killed_one_gets_its_switches_back() {
             "--service=ovsdb=punix:{}/ovsdb-{{switch}}.sock",
             work.display()
         ))
-        .arg(format!("--control={}", control.display()));
+        .arg(format!("--control={}", control.display()))
+        // Each worker keeps its own store (`sessions.0`, `sessions.1`), as a
+        // deployment with 0-RTT across restarts runs them.
+        .arg(format!(
+            "--session-store={}",
+            work.join("sessions").display()
+        ));
     let supervisor = spawn_service("quicsdn controller --workers=2", &mut c, &log).unwrap();
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         run(&pki, &controller, port, &supervisor, &control_of, work)
@@ -221,6 +227,13 @@ fn run(
     assert_eq!(on0.len() + on1.len(), SWITCHES, "each switch on one worker");
     assert!(on0.is_disjoint(&on1));
     assert!(!on0.is_empty() && !on1.is_empty(), "spread over both");
+    // Both started once: workers whose stores shared a temporary file failed
+    // at start ("No such file or directory") and were started again.
+    let log = std::fs::read_to_string(work.join("ctl.log")).unwrap();
+    assert!(
+        !log.contains("worker exited"),
+        "a worker exited before any was killed:\n{log}"
+    );
 
     let before = workers_of(supervisor.pid);
     let (_, pid1) = *before.iter().find(|(i, _)| *i == 1).expect("worker 1");

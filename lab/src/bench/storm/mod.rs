@@ -81,7 +81,9 @@ pub struct StormArgs {
     /// requests (`--no-echo-stand-in`), for a before/after comparison. `-noovsdb`
     /// leaves out both agents' OVSDB service (the controller agent holds a
     /// listening socket per switch for it: 10,000 switches need it left out
-    /// where a process may open at most 20,000 files).
+    /// where a process may open at most 20,000 files). `-threadsN` runs the
+    /// controller agent on N runtime threads (`--threads N`), `-workersN` as N
+    /// worker processes sharing its port (`--workers N`): the cores it may use.
     #[arg(long)]
     pub configs: Option<String>,
     /// Controller-agent restarts per configuration. [default: 2; 1 with --quick]
@@ -134,6 +136,12 @@ pub struct StormConfig {
     /// Both agents carry the OVSDB service (the default; `-noovsdb` leaves it
     /// out).
     pub ovsdb: bool,
+    /// The controller agent's runtime threads (`-threadsN`: `--threads N`;
+    /// none: its default, one per CPU).
+    pub threads: Option<usize>,
+    /// Its worker processes on one `SO_REUSEPORT` port (`-workersN`:
+    /// `--workers N`; 1: a single process, no supervisor).
+    pub workers: usize,
 }
 
 impl StormConfig {
@@ -142,7 +150,8 @@ impl StormConfig {
         let bad = |why: String| {
             anyhow!(
                 "configuration {spec:?}: {why}; expected 0rtt or 1rtt, then -admission, -capN, \
-                 -jitterD, -nostandin, -noecho or -noovsdb (e.g. 0rtt-admission, 1rtt-cap64-jitter1s)"
+                 -jitterD, -nostandin, -noecho, -noovsdb, -threadsN or -workersN (e.g. \
+                 0rtt-admission, 1rtt-cap64-jitter1s, 0rtt-admission-workers2-threads1)"
             )
         };
         let mut parts = spec.split('-');
@@ -159,6 +168,20 @@ impl StormConfig {
             hello_stand_in: true,
             echo_stand_in: true,
             ovsdb: true,
+            threads: None,
+            workers: 1,
+        };
+        // A positive count after `prefix` (threads, workers).
+        let count = |p: &str, prefix: &str| {
+            p[prefix.len()..]
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n >= 1)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "{p:?} is not {prefix} followed by a count of 1 or more"
+                    ))
+                })
         };
         for p in parts {
             if p == "nostandin" {
@@ -170,6 +193,13 @@ impl StormConfig {
             } else if p == "admission" {
                 c.max_handshakes = DEFAULT_MAX_HANDSHAKES;
                 c.jitter = DEFAULT_RECONNECT_JITTER;
+            } else if p.starts_with("threads") {
+                c.threads = Some(count(p, "threads")?);
+            } else if p.starts_with("workers") {
+                c.workers = count(p, "workers")?;
+                if c.workers > usize::from(u8::MAX) {
+                    return Err(bad(format!("{p:?}: at most 255 workers")));
+                }
             } else if let Some(n) = p.strip_prefix("cap") {
                 c.max_handshakes = n
                     .parse()
@@ -193,7 +223,29 @@ impl StormConfig {
         } else {
             a.push("--no-zero-rtt".into());
         }
+        if let Some(n) = self.threads {
+            a.push(format!("--threads={n}"));
+        }
+        if self.workers > 1 {
+            a.push(format!("--workers={}", self.workers));
+        }
         a
+    }
+
+    /// The files the controller agent makes of a path option (its control
+    /// socket, its session store): with `--workers` each worker appends its
+    /// index.
+    fn worker_paths(&self, path: &Path) -> Vec<PathBuf> {
+        if self.workers <= 1 {
+            return vec![path.to_path_buf()];
+        }
+        (0..self.workers)
+            .map(|i| {
+                let mut s = path.as_os_str().to_owned();
+                s.push(format!(".{i}"));
+                PathBuf::from(s)
+            })
+            .collect()
     }
 }
 
@@ -255,6 +307,16 @@ impl Restart {
     /// Seconds until every switch was back, if all came back.
     pub fn all_back(&self) -> Option<f64> {
         (self.back.len() == self.switches).then(|| self.back.values().copied().fold(0.0, f64::max))
+    }
+
+    /// Switches back per second between the first and the last: the
+    /// handshake rate the new agent sustained in the storm. (Not from the
+    /// moment it listened: the bench sees its control socket only after its
+    /// QUIC endpoint is bound, and the first handshakes may finish before.)
+    pub fn back_per_s(&self) -> Option<f64> {
+        let last = self.all_back()?;
+        let first = self.back.values().copied().fold(f64::INFINITY, f64::min);
+        (self.switches >= 2).then(|| (self.switches - 1) as f64 / (last - first).max(1e-3))
     }
 
     fn percentile(&self, p: f64) -> f64 {
@@ -319,6 +381,9 @@ pub const RESTARTS_CSV: &[&str] = &[
     "waited",
     // Appended later, so older files still read.
     "ovs_probe_timeouts",
+    "back_per_s",
+    "ctl_threads",
+    "ctl_workers",
 ];
 pub const SWITCHES_CSV: &[&str] = &["config", "restart", "switch", "back_s", "handshakes"];
 pub const STEADY_CSV: &[&str] = &[
@@ -645,10 +710,60 @@ struct Bench {
     stop: Stop,
 }
 
-/// A running controller agent.
+/// A running controller agent: one process, or a `--workers` supervisor and
+/// its worker processes.
 struct CtlAgent {
     proc: ProcRecord,
+    /// The workers (none without `--workers`).
+    workers: Vec<ProcRecord>,
+    /// Its control sockets, one per worker.
+    sockets: Vec<PathBuf>,
     log: PathBuf,
+}
+
+impl CtlAgent {
+    fn processes(&self) -> impl Iterator<Item = &ProcRecord> {
+        std::iter::once(&self.proc).chain(&self.workers)
+    }
+
+    /// CPU seconds of the agent's processes so far.
+    fn cpu_seconds(&self) -> f64 {
+        self.processes()
+            .filter_map(|p| procs::cpu_seconds(p.pid))
+            .sum()
+    }
+
+    /// RSS of the agent's processes, KiB.
+    fn rss_kib(&self) -> u64 {
+        self.processes()
+            .filter_map(|p| procs::status_kib(p.pid, "VmRSS"))
+            .sum()
+    }
+
+    /// True while the agent (every worker too) runs.
+    fn is_alive(&self) -> bool {
+        self.processes().all(ProcRecord::is_alive)
+    }
+
+    /// SIGKILL, as a crash of the whole host's agents: the supervisor first
+    /// (else it would start new workers), then its workers.
+    fn kill(&self) -> Result<()> {
+        self.proc.kill()?;
+        for w in &self.workers {
+            w.kill()?;
+        }
+        Ok(())
+    }
+
+    /// SIGTERM (a supervisor stops its workers first), SIGKILL after `grace`;
+    /// then any worker left.
+    fn terminate(&self, grace: Duration) -> Result<()> {
+        self.proc.terminate(grace)?;
+        for w in &self.workers {
+            w.terminate(grace)?;
+        }
+        Ok(())
+    }
 }
 
 impl Bench {
@@ -665,8 +780,11 @@ impl Bench {
     fn spawn_controller(&self, cfg: &StormConfig, generation: u32) -> Result<CtlAgent> {
         let log = self.work.join(format!("ctl-{}-{generation}.log", cfg.name));
         let sock = self.control_socket();
-        // A killed agent may have left it; the agent replaces a stale one anyway.
-        let _ = std::fs::remove_file(&sock);
+        let sockets = cfg.worker_paths(&sock);
+        // A killed agent may have left them; the agent replaces a stale one anyway.
+        for s in &sockets {
+            let _ = std::fs::remove_file(s);
+        }
         let tls = self.tls("ctl");
         let mut c = Command::new(&self.binary);
         c.args(["--log-level=warn", "controller"])
@@ -694,27 +812,59 @@ impl Bench {
                 if !proc.is_alive() {
                     bail!("the controller agent exited: {}", log_tail(&log, 5));
                 }
-                Ok(sock.exists().then_some(()))
+                Ok(sockets.iter().all(|s| s.exists()).then_some(()))
             },
         )?;
-        Ok(CtlAgent { proc, log })
+        // Every worker has bound its control socket, so all are running.
+        let workers = if cfg.workers > 1 {
+            let pids = procs::children(proc.pid);
+            if pids.len() != cfg.workers {
+                bail!(
+                    "the controller agent runs {} worker processes, not {}",
+                    pids.len(),
+                    cfg.workers
+                );
+            }
+            pids.into_iter()
+                .map(|pid| ProcRecord::capture("quicsdn controller worker (storm)", pid))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
+        Ok(CtlAgent {
+            proc,
+            workers,
+            sockets,
+            log,
+        })
     }
 
-    /// Asks the controller agent's control socket for its status.
-    fn status(&self) -> Result<serde_json::Value> {
-        let mut s = std::os::unix::net::UnixStream::connect(self.control_socket())
-            .context("connecting to the controller agent's control socket")?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        s.write_all(b"{\"cmd\":\"status\"}\n")?;
-        let mut line = String::new();
-        BufReader::new(s).read_line(&mut line)?;
-        let v: serde_json::Value = serde_json::from_str(&line).context("control socket answer")?;
-        if v["ok"] != true {
-            bail!("control socket: {v}");
-        }
-        Ok(v)
+    /// Asks every control socket of the controller agent for its status.
+    fn statuses(&self, ctl: &CtlAgent) -> Result<Vec<serde_json::Value>> {
+        ctl.sockets.iter().map(|s| status_of(s)).collect()
     }
+}
 
+/// Asks a controller agent's control socket for its status.
+fn status_of(sock: &Path) -> Result<serde_json::Value> {
+    let mut s = std::os::unix::net::UnixStream::connect(sock).with_context(|| {
+        format!(
+            "connecting to the controller agent's control socket {}",
+            sock.display()
+        )
+    })?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(b"{\"cmd\":\"status\"}\n")?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line)?;
+    let v: serde_json::Value = serde_json::from_str(&line).context("control socket answer")?;
+    if v["ok"] != true {
+        bail!("control socket: {v}");
+    }
+    Ok(v)
+}
+
+impl Bench {
     /// Starts the last switch's agent as a `quicsdn switch` process, so its
     /// memory can be read, and waits until it listens for OVS.
     fn spawn_switch(&self, i: usize, cfg: &StormConfig) -> Result<ProcRecord> {
@@ -773,9 +923,11 @@ impl Bench {
             cfg.max_handshakes,
             cfg.jitter
         );
-        let _ = std::fs::remove_file(self.work.join(format!("sessions-{}", cfg.name)));
+        for store in cfg.worker_paths(&self.work.join(format!("sessions-{}", cfg.name))) {
+            let _ = std::fs::remove_file(store);
+        }
         let mut ctl = self.spawn_controller(cfg, 0)?;
-        let ctl_rss_empty = procs::status_kib(ctl.proc.pid, "VmRSS").unwrap_or(0);
+        let ctl_rss_empty = ctl.rss_kib();
         let host_rss0 = procs::status_kib(std::process::id(), "VmRSS").unwrap_or(0);
         let result = (|| -> Result<(Steady, Vec<Restart>)> {
             let switch_proc = self.spawn_switch(n, cfg)?;
@@ -786,7 +938,7 @@ impl Bench {
             let _ = switch_proc.terminate(Duration::from_secs(10));
             outcome
         })();
-        let _ = ctl.proc.terminate(Duration::from_secs(10));
+        let _ = ctl.terminate(Duration::from_secs(10));
         result
     }
 
@@ -882,10 +1034,10 @@ impl Bench {
         } else {
             Duration::from_secs(5)
         };
-        let c0 = procs::cpu_seconds(ctl.proc.pid).unwrap_or(0.0);
+        let c0 = ctl.cpu_seconds();
         std::thread::sleep(window);
-        let c1 = procs::cpu_seconds(ctl.proc.pid).unwrap_or(0.0);
-        let ctl_rss_full = procs::status_kib(ctl.proc.pid, "VmRSS").unwrap_or(0);
+        let c1 = ctl.cpu_seconds();
+        let ctl_rss_full = ctl.rss_kib();
         // This process's growth, and every shard's whole RSS.
         let host_rss = hosts.rss_kib();
         let steady = Steady {
@@ -951,8 +1103,8 @@ impl Bench {
         let t0 = self.controller.now();
         match self.stop {
             // The agent closes every connection with SHUTDOWN and exits.
-            Stop::Term => ctl.proc.terminate(Duration::from_secs(10))?,
-            Stop::Kill => ctl.proc.kill()?,
+            Stop::Term => ctl.terminate(Duration::from_secs(10))?,
+            Stop::Kill => ctl.kill()?,
         }
         // The last of a killed process's threads may hold the socket a little
         // longer than its main thread lives.
@@ -982,21 +1134,30 @@ impl Bench {
             if back.len() >= n || Instant::now() >= deadline {
                 break;
             }
-            if !ctl.proc.is_alive() {
+            if !ctl.is_alive() {
                 bail!("the controller agent exited: {}", log_tail(&ctl.log, 5));
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        let cpu = procs::cpu_seconds(ctl.proc.pid).unwrap_or(0.0);
-        let rss = procs::status_kib(ctl.proc.pid, "VmRSS").unwrap_or(0);
+        let cpu = ctl.cpu_seconds();
+        let rss = ctl.rss_kib();
         let host_cpu = hosts.cpu_seconds() - host0;
         let duration = since(t0);
         let other_cpu = (procs::machine_busy_seconds() - machine0 - host_cpu - cpu).max(0.0);
-        let status = self.status()?;
-        let adm = &status["admission"];
-        let zero_rtt_conns = status["connections"]
-            .as_array()
-            .map_or(0, |c| c.iter().filter(|c| c["zero_rtt"] == true).count());
+        // Summed over the workers' control sockets.
+        let statuses = self.statuses(ctl)?;
+        let admission = |key: &str| -> u64 {
+            statuses
+                .iter()
+                .filter_map(|s| s["admission"][key].as_u64())
+                .sum()
+        };
+        let zero_rtt_conns = statuses
+            .iter()
+            .filter_map(|s| s["connections"].as_array())
+            .flatten()
+            .filter(|c| c["zero_rtt"] == true)
+            .count();
         Ok((
             Restart {
                 config: cfg.clone(),
@@ -1011,9 +1172,9 @@ impl Bench {
                 host_cpu,
                 other_cpu,
                 duration,
-                refused: adm["refused"].as_u64().unwrap_or(0),
-                admitted: adm["admitted"].as_u64().unwrap_or(0),
-                waited: adm["waited"].as_u64().unwrap_or(0),
+                refused: admission("refused"),
+                admitted: admission("admitted"),
+                waited: admission("waited"),
                 zero_rtt_conns,
                 udp_drops: procs::udp_drops(self.port).saturating_sub(drops0),
                 ovs_attempts: hosts.attempts() - attempts0,
@@ -1039,7 +1200,7 @@ fn opt(v: Option<f64>) -> String {
 
 fn print_restart(r: &Restart) {
     println!(
-        "{} restart {}: every switch back {} s ({}/{} back; p50 {:.2} s, p90 {:.2} s); new agent listening after {:.2} s; \
+        "{} restart {}: every switch back {} s ({}/{} back; p50 {:.2} s, p90 {:.2} s; {} per second from the first to the last); new agent listening after {:.2} s; \
          its CPU {:.2} s ({:.2} ms per switch), {:.1} MiB; switch side CPU {:.2} s; other processes {:.1} cores; waited {}, refused {}, admitted {}, 0-RTT connections {}, \
          UDP drops {}; OVS attempts {} (HELLO timeouts {}, inactivity-probe timeouts {})",
         r.config.name,
@@ -1049,6 +1210,8 @@ fn print_restart(r: &Restart) {
         r.switches,
         r.percentile(50.0),
         r.percentile(90.0),
+        r.back_per_s()
+            .map_or("not all".into(), |v| format!("{v:.0}")),
         r.listening,
         r.cpu,
         1000.0 * r.cpu / r.switches as f64,
@@ -1083,6 +1246,8 @@ fn summary_table(steadies: &[Steady], restarts: &[Restart]) -> String {
                 s.config.max_handshakes.to_string(),
                 format!("{}", s.config.jitter.as_millis()),
                 opt(r.all_back()),
+                r.back_per_s()
+                    .map_or("not all".into(), |v| format!("{v:.0}")),
                 format!("{:.2}", r.percentile(50.0)),
                 format!("{:.2}", r.percentile(90.0)),
                 format!("{:.2}", 1000.0 * r.cpu / r.switches as f64),
@@ -1104,6 +1269,7 @@ fn summary_table(steadies: &[Steady], restarts: &[Restart]) -> String {
             "max handshakes",
             "jitter (ms)",
             "all back (s)",
+            "back per s",
             "p50 (s)",
             "p90 (s)",
             "ctl CPU (ms/switch)",
@@ -1158,6 +1324,11 @@ fn write_results(
             r.ovs_hello_timeouts.to_string(),
             r.waited.to_string(),
             r.ovs_probe_timeouts.to_string(),
+            r.back_per_s()
+                .map(|v| format!("{v:.1}"))
+                .unwrap_or_default(),
+            r.config.threads.map(|n| n.to_string()).unwrap_or_default(),
+            r.config.workers.to_string(),
         ]);
         for d in 1..=r.switches as u64 {
             sc.push(vec![
@@ -1239,8 +1410,10 @@ fn write_results(
         DEFAULT_RECONNECT_JITTER.as_millis()
     );
     md += &summary_table(steadies, restarts);
-    md += "\n*ctl CPU*: the new controller agent's CPU time from its start until every switch \
-           was back, per switch. *waited*: connection attempts over `--max-handshakes` that \
+    md += "\n*back per s*: switches back per second from the first to the last (the new \
+           agent's handshake rate in the storm). *ctl CPU*: the new \
+           controller agent's CPU time from its start until every switch was back, per switch \
+           (with `-workersN`, the supervisor's and every worker's). *waited*: connection attempts over `--max-handshakes` that \
            waited for a handshake to finish. *refused*: attempts its admission control refused \
            (waited too long, or the queue was full). *UDP drops*: datagrams its socket dropped. \
            *0-RTT conns*: connections that began in 0-RTT. *OVS HELLO timeouts*: OVS \
@@ -1332,6 +1505,9 @@ mod tests {
             ("0rtt-capx", "cap followed by a number"),
             ("0rtt-jitter5", "500ms or 1s"),
             ("0rtt-fast", "unknown part"),
+            ("0rtt-workers0", "workers followed by a count of 1 or more"),
+            ("0rtt-threadsx", "threads followed by a count of 1 or more"),
+            ("0rtt-workers300", "at most 255 workers"),
         ] {
             let e = StormConfig::parse(bad).unwrap_err().to_string();
             assert!(e.contains(words), "{bad}: {e}");
@@ -1344,6 +1520,28 @@ mod tests {
             .unwrap()
             .controller_args(Path::new("/s"));
         assert_eq!(a, ["--max-handshakes=0", "--session-store=/s"]);
+        let c = StormConfig::parse("0rtt-admission-workers2-threads1").unwrap();
+        assert_eq!((c.workers, c.threads), (2, Some(1)));
+        assert_eq!(
+            c.controller_args(Path::new("/s")),
+            [
+                "--max-handshakes=128",
+                "--session-store=/s",
+                "--threads=1",
+                "--workers=2"
+            ]
+        );
+        // Each worker appends its index to a file option (cli `per_worker`).
+        assert_eq!(
+            c.worker_paths(Path::new("/w/ctl.sock")),
+            [Path::new("/w/ctl.sock.0"), Path::new("/w/ctl.sock.1")]
+        );
+        let one = StormConfig::parse("0rtt").unwrap();
+        assert_eq!((one.workers, one.threads), (1, None));
+        assert_eq!(
+            one.worker_paths(Path::new("/w/ctl.sock")),
+            [Path::new("/w/ctl.sock")]
+        );
     }
 
     #[test]
@@ -1371,8 +1569,11 @@ mod tests {
             ovs_probe_timeouts: 0,
         };
         assert_eq!(r.all_back(), None);
+        assert_eq!(r.back_per_s(), None);
         r.back.insert(3, 2.5);
         assert_eq!(r.all_back(), Some(2.5));
         assert_eq!(r.percentile(50.0), 1.5);
+        // The 2 switches after the first came back in 2 s.
+        assert_eq!(r.back_per_s(), Some(1.0));
     }
 }

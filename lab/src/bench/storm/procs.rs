@@ -31,6 +31,28 @@ fn kib_field(text: &str, field: &str) -> Option<u64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
+/// The PIDs of `pid`'s child processes (field 4 of `/proc/N/stat`; this
+/// kernel has no `/proc/PID/task/TID/children`): a `--workers` supervisor's
+/// workers.
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&n| parent(n) == Some(pid))
+        .collect()
+}
+
+fn parent(pid: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name: state, then the parent's PID.
+    s[s.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 /// Datagrams dropped on arrival (receive buffer full) at the IPv4 UDP sockets
 /// bound to `port` (`/proc/net/udp`, last column).
 pub fn udp_drops(port: u16) -> u64 {
@@ -187,6 +209,16 @@ mod tests {
         assert!(cpu_seconds(me).is_some());
         assert!(status_kib(me, "VmRSS").unwrap() > 0);
         assert!(machine_busy_seconds() > 0.0);
+        let child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let found = children(me).contains(&child.id());
+        let mut child = child;
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(found, "a child of this process is listed");
+        assert!(!children(me).contains(&child.id()), "a reaped child is not");
         assert_eq!(kib_field("Pss:   12 kB\n", "Pss"), Some(12));
         let udp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n\
                    1: 0100007F:19FD 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 1 2 0000000000000000 7\n\

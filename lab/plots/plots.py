@@ -268,6 +268,9 @@ def reconnect(d):
     save(fig, d, "reconnect.png")
 
 
+STORM_TARGETS_S = (10, 15)
+
+
 def storm(d):
     per_switch = rows(os.path.join(d, "switches.csv"))
     restarts = rows(os.path.join(d, "restarts.csv"))
@@ -286,7 +289,9 @@ def storm(d):
             ys = [0.0] + [v for i in range(len(times)) for v in (i / n, (i + 1) / n)]
             label = c if k == "1" else None
             ax.plot(xs, [100 * y for y in ys], color=color[c], label=label, lw=1.4)
-    ax.axvline(10, color="grey", ls=":", lw=1)
+    # Targets: all back within 10 s (issue 6), within 15 s at 10,000 switches (issue 18).
+    for t in STORM_TARGETS_S:
+        ax.axvline(t, color="grey", ls=":", lw=1)
     ax.set_xlabel("seconds since the controller agent was stopped")
     ax.set_ylabel("switches back (% of all)")
     ax.set_title("reconnect storm: OpenFlow handshakes completed again")
@@ -300,11 +305,12 @@ def storm(d):
                 bx.bar(x, float(v), 0.22, color=color[c])
             else:
                 bx.text(x, 0.5, "not all", rotation=90, ha="center", va="bottom", fontsize=7)
-    bx.axhline(10, color="grey", ls=":", lw=1)
+    for t in STORM_TARGETS_S:
+        bx.axhline(t, color="grey", ls=":", lw=1)
     bx.set_xticks(range(len(configs)))
     bx.set_xticklabels(configs, rotation=30, ha="right", fontsize=8)
     bx.set_ylabel("every switch back (s), each restart")
-    bx.set_title("time until all are back (target 10 s)")
+    bx.set_title("time until all are back (targets 10 s; 15 s at 10,000)", fontsize=10)
     save(fig, d, "storm.png")
 
 

@@ -545,7 +545,14 @@ pub fn run(args: StormArgs) -> Result<()> {
         steadies.push(steady);
         all_restarts.extend(rs);
     }
-    write_results(&args.out, &steadies, &all_restarts, args.stop, shards)?;
+    write_results(
+        &args.out,
+        &steadies,
+        &all_restarts,
+        args.stop,
+        shards,
+        !args.no_plots,
+    )?;
     if !args.no_plots {
         for p in out::plot("storm", &args.out)? {
             println!("wrote {}", p.display());
@@ -1291,6 +1298,7 @@ fn write_results(
     restarts: &[Restart],
     stop: Stop,
     shards: usize,
+    plotted: bool,
 ) -> Result<()> {
     let f3 = |v: f64| format!("{v:.3}");
     let mut rc = Csv::new(RESTARTS_CSV);
@@ -1454,7 +1462,12 @@ fn write_results(
         ],
         &rows,
     );
-    md += "\n![time until each switch is back](storm.png)\n\n";
+    // Only where the plot will be (`--no-plots` draws none).
+    md += if plotted {
+        "\n![time until each switch is back](storm.png)\n\n"
+    } else {
+        "\n"
+    };
     md += &out::provenance();
     std::fs::write(dir.join("storm.md"), md)?;
     Ok(())

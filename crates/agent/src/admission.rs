@@ -223,6 +223,14 @@ impl<T> Waiting<T> {
             .map(|(_, item)| item)
     }
 
+    /// Every attempt still waiting, returning ones first (the agent stops).
+    pub fn into_items(self) -> impl Iterator<Item = T> {
+        self.returning
+            .into_iter()
+            .chain(self.new)
+            .map(|(_, item)| item)
+    }
+
     /// Hands every attempt older than `max_wait` to `expired`.
     pub fn expire(&mut self, now: Instant, mut expired: impl FnMut(T)) {
         for queue in [&mut self.returning, &mut self.new] {

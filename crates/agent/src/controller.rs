@@ -29,6 +29,7 @@ use quinn::{Endpoint, VarInt};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, watch};
 use tokio::task::{JoinHandle, JoinSet};
@@ -58,6 +59,8 @@ struct Inner {
     server_config: std::sync::Mutex<quinn::ServerConfig>,
     /// The TLS sessions 0-RTT resumes, kept across rotations.
     sessions: Arc<SessionStore>,
+    /// Connection attempts left unanswered while stopping.
+    unanswered: AtomicU64,
 }
 
 /// A running controller agent.
@@ -135,6 +138,7 @@ impl ControllerAgent {
             metrics,
             server_config: std::sync::Mutex::new(server_config),
             sessions,
+            unanswered: AtomicU64::new(0),
         });
         let shutdown = Shutdown::new();
         let (rotation, rotating) = rotation::task(
@@ -235,17 +239,10 @@ impl ControllerAgent {
     }
 
     /// Closes every connection (telling switch agents why) and removes the
-    /// per-switch sockets. Logs how long each part took: while it runs the
-    /// endpoint refuses new attempts (each costs a switch agent a session
-    /// ticket), so a slow shutdown slows the restart after it.
+    /// per-switch sockets. Logs how long each part took. While it runs, new
+    /// connection attempts get no answer ([`stop_serving`](Self::stop_serving)).
     pub async fn shutdown(self) {
-        let started = Instant::now();
-        let connections = self.inner.endpoint.open_connections();
-        self.shutdown.trigger();
-        self.inner.endpoint.close(
-            VarInt::from_u32(code::SHUTDOWN),
-            b"controller agent shutting down",
-        );
+        let (started, connections) = self.stop_serving().await;
         let _ = self.accept_task.await;
         if let Some(t) = self.control_task {
             let _ = t.await;
@@ -254,35 +251,114 @@ impl ControllerAgent {
             let _ = t.await;
         }
         let closed = started.elapsed();
-        let listeners: Vec<JoinHandle<()>> = self
-            .inner
-            .switches
-            .lock()
-            .await
-            .drain()
-            .flat_map(|(_, e)| e.listeners)
-            .collect();
-        let sockets = listeners.len();
-        stop_listeners(listeners).await;
+        let sockets = stop_switch_listeners(&self.inner).await;
         let stopped = started.elapsed();
-        // The CONNECTION_CLOSE frames leave at once; this only keeps the
-        // connections in their closing state a little (RFC 9000 §10.2.1: a
-        // closing endpoint answers late packets with another CONNECTION_CLOSE,
-        // for a close that was lost). Not the full 3 × PTO: a restart is
-        // measured by how soon the new agent listens, and Open vSwitch
-        // reconnects one second after losing its controller
-        // (docs/benchmarks.md, "bench storm"). A switch agent whose close was
-        // lost notices at its grace period.
+        // Anything left (handshakes the accept loop aborted) is told now; from
+        // here on quinn refuses new attempts, for the moment until the process
+        // exits.
+        self.inner.endpoint.close(
+            VarInt::from_u32(code::SHUTDOWN),
+            b"controller agent shutting down",
+        );
         let _ = tokio::time::timeout(CLOSING_WAIT, self.inner.endpoint.wait_idle()).await;
         info!(
             connections,
             local_sockets = sockets,
+            unanswered = self.inner.unanswered.load(Ordering::Relaxed),
             tasks_ms = closed.as_millis() as u64,
             sockets_ms = (stopped - closed).as_millis() as u64,
             total_ms = started.elapsed().as_millis() as u64,
             "closed every switch connection"
         );
     }
+
+    /// [`shutdown`](Self::shutdown) for a process that exits right after:
+    /// every switch agent is told and the per-switch sockets are removed, but
+    /// the connections' tasks and state are not taken down one by one, which
+    /// at 10,000 switches took seconds (mostly freeing memory) while this
+    /// process held the port the next agent needs. The exit does the same
+    /// at once: the kernel closes the sockets, TCP connections to the
+    /// controller included, as dropping them would.
+    pub async fn shutdown_for_exit(self) {
+        let (started, connections) = self.stop_serving().await;
+        let sockets = stop_switch_listeners(&self.inner).await;
+        self.inner.endpoint.close(
+            VarInt::from_u32(code::SHUTDOWN),
+            b"controller agent shutting down",
+        );
+        let _ = tokio::time::timeout(CLOSING_WAIT, self.inner.endpoint.wait_idle()).await;
+        info!(
+            connections,
+            local_sockets = sockets,
+            unanswered = self.inner.unanswered.load(Ordering::Relaxed),
+            total_ms = started.elapsed().as_millis() as u64,
+            "closed every switch connection; exiting without taking each connection down"
+        );
+    }
+
+    /// The part of a shutdown that switch agents see: every connection closed
+    /// with SHUTDOWN, and from now on new attempts get **no answer** rather
+    /// than a refusal (the accept loop ignores them, [`accept_connections`]).
+    /// A refused switch agent retries within 100–800 ms and spends a 0-RTT
+    /// session ticket on each attempt; during a stop of 10,000 connections
+    /// that was tens of thousands of attempts, with their CPU on both sides,
+    /// and the switches then met the new agent without tickets. Unanswered,
+    /// a switch agent's Initial is sent again after its probe timeout (RFC
+    /// 9002 §6.2.4: about 1 s, then 2 s) and reaches the agent that replaces
+    /// this one, with the same ticket. Waits [`CLOSING_WAIT`] for the close
+    /// packets to leave. Returns when it started and how many connections
+    /// there were.
+    async fn stop_serving(&self) -> (Instant, usize) {
+        let started = Instant::now();
+        let connections = self.inner.endpoint.open_connections();
+        let links: Vec<Arc<Link>> = self
+            .inner
+            .switches
+            .lock()
+            .await
+            .values()
+            .filter_map(|e| e.link.borrow().clone())
+            .collect();
+        for link in &links {
+            link.conn.close(
+                VarInt::from_u32(code::SHUTDOWN),
+                b"controller agent shutting down",
+            );
+        }
+        drop(links);
+        // The accept loop stops admitting and ignores attempts from now on.
+        self.shutdown.trigger();
+        // RFC 9000 §10.2.1: a closing endpoint answers late packets with
+        // another CONNECTION_CLOSE, for a close that was lost. Not the full
+        // 3 × PTO: a restart is measured by how soon the new agent listens,
+        // and Open vSwitch reconnects one second after losing its controller
+        // (docs/benchmarks.md, "bench storm"). A switch agent whose close was
+        // lost notices at its grace period.
+        tokio::time::sleep(CLOSING_WAIT).await;
+        (started, connections)
+    }
+}
+
+/// A connection attempt while stopping: no answer (why:
+/// [`ControllerAgent::stop_serving`]); counted for the closing log line.
+fn leave_unanswered(inner: &Inner, incoming: quinn::Incoming) {
+    inner.unanswered.fetch_add(1, Ordering::Relaxed);
+    incoming.ignore();
+}
+
+/// Stops every switch's local listeners (their socket files go with them);
+/// returns how many there were.
+async fn stop_switch_listeners(inner: &Inner) -> usize {
+    let listeners: Vec<JoinHandle<()>> = inner
+        .switches
+        .lock()
+        .await
+        .drain()
+        .flat_map(|(_, e)| e.listeners)
+        .collect();
+    let n = listeners.len();
+    stop_listeners(listeners).await;
+    n
 }
 
 /// Puts rotated credentials in use: the endpoint's server configuration
@@ -395,6 +471,11 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
                 // limit, wait for a permit, returning switches first; refuse
                 // (RFC 9000 §20.1 CONNECTION_REFUSED) only when the queue is
                 // full, rather than let every handshake slow all the others down.
+                // Stopping (both branches may be ready at once): not admitted.
+                Some(incoming) if shutdown.is_triggered() => {
+                    leave_unanswered(&inner, incoming);
+                    break;
+                }
                 Some(incoming) => match inner.admission.try_admit() {
                     Some(permit) if waiting.is_empty() => {
                         handlers.spawn(handle_connection(inner.clone(), Box::new(incoming), permit));
@@ -415,7 +496,7 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
                 None => break,
             },
             _ = inner.admission.freed(), if !waiting.is_empty() => {
-                while !waiting.is_empty() {
+                while !waiting.is_empty() && !shutdown.is_triggered() {
                     let Some(permit) = inner.admission.try_admit() else { break };
                     match waiting.pop(Instant::now(), refuse) {
                         Some(incoming) => {
@@ -448,9 +529,19 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
             _ = shutdown.wait() => break,
         }
     }
-    // Waiting attempts are refused as the queue drops (quinn refuses a
-    // dropped Incoming), so their switch agents retry elsewhere or later.
-    drop(waiting);
+    // Stopping: attempts get no answer from now on, not a refusal (why:
+    // ControllerAgent::stop_serving), until the endpoint closes or the
+    // process exits. Those waiting for a permit too (a dropped Incoming
+    // would be refused).
+    for incoming in waiting.into_items() {
+        leave_unanswered(&inner, incoming);
+    }
+    let stopping = inner.clone();
+    tokio::spawn(async move {
+        while let Some(incoming) = stopping.endpoint.accept().await {
+            leave_unanswered(&stopping, incoming);
+        }
+    });
     handlers.shutdown().await;
 }
 

@@ -563,6 +563,13 @@ pub fn run(args: StormArgs) -> Result<()> {
     Ok(())
 }
 
+/// The agents' `--log-level`: warnings, or what `QUICSDN_STORM_LOG` asks
+/// for (the hosted switch agents in shards log at that level too).
+fn agent_log_level() -> String {
+    let level = std::env::var(shard::LOG_ENV).unwrap_or_else(|_| "warn".into());
+    format!("--log-level={level}")
+}
+
 /// The switch agents' services: OpenFlow from the simulated OVS, and (unless
 /// `-noovsdb`) OVSDB to an OVS listening on 127.0.0.1:1 (nothing does: no
 /// session is ever opened, as nothing connects at the controller agent's side).
@@ -794,7 +801,8 @@ impl Bench {
         }
         let tls = self.tls("ctl");
         let mut c = Command::new(&self.binary);
-        c.args(["--log-level=warn", "controller"])
+        c.arg(agent_log_level())
+            .arg("controller")
             .arg(format!("--listen=127.0.0.1:{}", self.port))
             .arg(format!("--ca={}", tls.ca.display()))
             .arg(format!("--cert={}", tls.cert.display()))
@@ -880,7 +888,8 @@ impl Bench {
         let sock = self.work.join(format!("sw{i}.sock"));
         let _ = std::fs::remove_file(&sock);
         let mut c = Command::new(&self.binary);
-        c.args(["--log-level=warn", "switch"])
+        c.arg(agent_log_level())
+            .arg("switch")
             .arg(format!("--controller=127.0.0.1:{}", self.port))
             .arg("--server-name=ctl")
             .arg("--bind=127.0.0.1:0")

@@ -30,6 +30,10 @@ use crate::pki::Pki;
 /// OVS.
 pub const FDS_PER_HOSTED_SWITCH: u64 = 4;
 
+/// Tracing directives for the switch agents a shard hosts (`info`, …);
+/// unset, they log nothing. With `QUICSDN_STORM_KEEP=1` the shard logs stay.
+pub const LOG_ENV: &str = "QUICSDN_STORM_LOG";
+
 /// What a shard is told: `PORT,FIRST,LAST,CONFIG,WORK_DIR`.
 pub fn spec(port: u16, first: usize, last: usize, cfg: &StormConfig, work: &Path) -> String {
     format!("{port},{first},{last},{},{}", cfg.name, work.display())
@@ -45,6 +49,15 @@ pub fn run_shard(spec: &str) -> Result<()> {
     let cfg = StormConfig::parse(parts.next().ok_or_else(bad)?)?;
     let work = PathBuf::from(parts.next().ok_or_else(bad)?);
     let pki = Pki::open(&work.join("pki"));
+    // The hosted switch agents' logs go to the shard's log file (its stderr)
+    // when asked for: tracing directives, e.g. `info`.
+    if let Ok(filter) = std::env::var(LOG_ENV) {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .try_init();
+    }
     super::procs::raise_fd_limit((last + 1 - first) as u64 * FDS_PER_HOSTED_SWITCH + 256);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -278,7 +278,11 @@ impl ControllerAgent {
     /// at 10,000 switches took seconds (mostly freeing memory) while this
     /// process held the port the next agent needs. The exit does the same
     /// at once: the kernel closes the sockets, TCP connections to the
-    /// controller included, as dropping them would.
+    /// controller included, as dropping them would. At 10,000 switches most
+    /// close packets have not left by then (the accept loop is taking the
+    /// connections' tasks down meanwhile); those switch agents learn of the
+    /// stop from the next agent's stateless resets to their next packet
+    /// (docs/scale.md, "A stop that refuses nothing").
     pub async fn shutdown_for_exit(self) {
         let (started, connections) = self.stop_serving().await;
         let sockets = stop_switch_listeners(&self.inner).await;
@@ -333,7 +337,8 @@ impl ControllerAgent {
         // 3 × PTO: a restart is measured by how soon the new agent listens,
         // and Open vSwitch reconnects one second after losing its controller
         // (docs/benchmarks.md, "bench storm"). A switch agent whose close was
-        // lost notices at its grace period.
+        // lost learns of it from the next agent's stateless reset, or at its
+        // grace period if none comes.
         tokio::time::sleep(CLOSING_WAIT).await;
         (started, connections)
     }
@@ -467,15 +472,15 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
     loop {
         tokio::select! {
             incoming = inner.endpoint.accept() => match incoming {
-                // Handshake admission control (crate::admission): over the
-                // limit, wait for a permit, returning switches first; refuse
-                // (RFC 9000 §20.1 CONNECTION_REFUSED) only when the queue is
-                // full, rather than let every handshake slow all the others down.
                 // Stopping (both branches may be ready at once): not admitted.
                 Some(incoming) if shutdown.is_triggered() => {
                     leave_unanswered(&inner, incoming);
                     break;
                 }
+                // Handshake admission control (crate::admission): over the
+                // limit, wait for a permit, returning switches first; refuse
+                // (RFC 9000 §20.1 CONNECTION_REFUSED) only when the queue is
+                // full, rather than let every handshake slow all the others down.
                 Some(incoming) => match inner.admission.try_admit() {
                     Some(permit) if waiting.is_empty() => {
                         handlers.spawn(handle_connection(inner.clone(), Box::new(incoming), permit));

@@ -253,14 +253,7 @@ impl ControllerAgent {
         let closed = started.elapsed();
         let sockets = stop_switch_listeners(&self.inner).await;
         let stopped = started.elapsed();
-        // Anything left (handshakes the accept loop aborted) is told now; from
-        // here on quinn refuses new attempts, for the moment until the process
-        // exits.
-        self.inner.endpoint.close(
-            VarInt::from_u32(code::SHUTDOWN),
-            b"controller agent shutting down",
-        );
-        let _ = tokio::time::timeout(CLOSING_WAIT, self.inner.endpoint.wait_idle()).await;
+        close_endpoint(&self.inner).await;
         info!(
             connections,
             local_sockets = sockets,
@@ -286,11 +279,7 @@ impl ControllerAgent {
     pub async fn shutdown_for_exit(self) {
         let (started, connections) = self.stop_serving().await;
         let sockets = stop_switch_listeners(&self.inner).await;
-        self.inner.endpoint.close(
-            VarInt::from_u32(code::SHUTDOWN),
-            b"controller agent shutting down",
-        );
-        let _ = tokio::time::timeout(CLOSING_WAIT, self.inner.endpoint.wait_idle()).await;
+        close_endpoint(&self.inner).await;
         info!(
             connections,
             local_sockets = sockets,
@@ -324,10 +313,8 @@ impl ControllerAgent {
             .filter_map(|e| e.link.borrow().clone())
             .collect();
         for link in &links {
-            link.conn.close(
-                VarInt::from_u32(code::SHUTDOWN),
-                b"controller agent shutting down",
-            );
+            link.conn
+                .close(VarInt::from_u32(code::SHUTDOWN), SHUTDOWN_REASON);
         }
         drop(links);
         // The accept loop stops admitting and ignores attempts from now on.
@@ -342,6 +329,20 @@ impl ControllerAgent {
         tokio::time::sleep(CLOSING_WAIT).await;
         (started, connections)
     }
+}
+
+/// The reason a stopping controller agent gives with its CONNECTION_CLOSE.
+const SHUTDOWN_REASON: &[u8] = b"controller agent shutting down";
+
+/// The end of a stop: what is left (handshakes under way) is told, and the
+/// closed connections are kept [`CLOSING_WAIT`] at most (RFC 9000 §10.2.1).
+/// From here on quinn refuses new attempts, for the moment until the process
+/// exits.
+async fn close_endpoint(inner: &Inner) {
+    inner
+        .endpoint
+        .close(VarInt::from_u32(code::SHUTDOWN), SHUTDOWN_REASON);
+    let _ = tokio::time::timeout(CLOSING_WAIT, inner.endpoint.wait_idle()).await;
 }
 
 /// A connection attempt while stopping: no answer (why:

@@ -209,12 +209,12 @@ mod tests {
         assert!(cpu_seconds(me).is_some());
         assert!(status_kib(me, "VmRSS").unwrap() > 0);
         assert!(machine_busy_seconds() > 0.0);
-        let child = std::process::Command::new("sleep")
+        // A child of our own, stopped through its handle.
+        let mut child = std::process::Command::new("sleep")
             .arg("5")
             .spawn()
             .unwrap();
         let found = children(me).contains(&child.id());
-        let mut child = child;
         let _ = child.kill();
         let _ = child.wait();
         assert!(found, "a child of this process is listed");

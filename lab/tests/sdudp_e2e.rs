@@ -15,15 +15,13 @@ use quicsdn_lab::emulator::control::{Accounting, LinkReport};
 use quicsdn_lab::emulator::link::LinkRecord;
 use quicsdn_lab::fileset::{self, FileSetHasher};
 use quicsdn_lab::netns::Netns;
-use quicsdn_lab::process::{ProcRecord, spawn_service};
+use quicsdn_lab::process::ProcRecord;
 use quicsdn_lab::state::{LabState, SdudpSettings, Topology};
 use quicsdn_lab::topology;
 use quicsdn_lab::transport::Transport;
-use quicsdn_lab::wait::poll_until;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -158,31 +156,24 @@ fn single_file_by_curl(lab: &LabState) {
     std::fs::create_dir(&www).unwrap();
     let file = www.join("one.bin");
     bicast::make_file(&file, 1_000_000).unwrap();
-    let script = dir.path().join("http_server.py");
-    std::fs::write(&script, include_str!("../src/bench/http_server.py")).unwrap();
     let (host_a, host_b) = (&lab.hosts[0], &lab.hosts[lab.hosts.len() - 1]);
-    let mut cmd = Netns::named(host_b.netns.clone()).command("python3");
-    cmd.arg(&script)
-        .args(["cubic", host_b.ip.as_str(), "8081"])
-        .arg(&www);
-    let _server =
-        Stop(spawn_service("http server", &mut cmd, &dir.path().join("http.log")).unwrap());
+    let server = Stop(
+        bicast::start_http_server(
+            &Netns::named(host_b.netns.clone()),
+            dir.path(),
+            "cubic",
+            &host_b.ip,
+            8081,
+            &www,
+        )
+        .unwrap(),
+    );
     let url = format!("http://{}:8081/one.bin", host_b.ip);
     let client = Netns::named(host_a.netns.clone());
-    poll_until(
-        "host B's HTTP server to answer host A",
-        Duration::from_secs(30),
-        || {
-            let ok = client
-                .command("curl")
-                .args(["-sS", "--fail", "--head", "--max-time", "5", url.as_str()])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()?
-                .success();
-            Ok(ok.then_some(()))
-        },
-    )
+    bicast::wait_http_from(&client, &url, || {
+        anyhow::ensure!(server.0.is_alive(), "the HTTP server exited");
+        Ok(())
+    })
     .unwrap();
     let got = dir.path().join("got.bin");
     let out = client

@@ -30,6 +30,7 @@ use anyhow::{Context, Result, bail};
 use crate::bench::out::{self, Csv, md_table};
 use crate::emulator::model::LossModel;
 use crate::multihomed::{Mode, Multihomed, MultihomedSpec, PathCount, SERVER_IP};
+use crate::netns::Netns;
 use crate::process::{ProcRecord, spawn_service};
 use crate::wait::poll_until;
 
@@ -336,23 +337,15 @@ pub fn start_servers(
 ) -> Result<Vec<ProcRecord>> {
     let dir = lab.dir.join(variant.as_str());
     std::fs::create_dir_all(&dir)?;
-    let script = dir.join("http_server.py");
-    std::fs::write(&script, include_str!("http_server.py"))?;
     let srv = lab.server_ns();
     let mut procs = Vec::new();
-    let mut c = srv.command("python3");
     // The server's TCP (to the proxy on loopback, for QUIC) takes a
     // kernel controller; bbr-lt is the proxies' own.
     let tcp_congestion = match variant.congestion() {
         "bbr-lt" => "bbr",
         c => c,
     };
-    c.arg(&script)
-        .arg(tcp_congestion)
-        .arg("0.0.0.0")
-        .arg(HTTP_PORT.to_string())
-        .arg(www);
-    let http = spawn_service("http server", &mut c, &dir.join("http.log"))?;
+    let http = start_http_server(&srv, &dir, tcp_congestion, "0.0.0.0", HTTP_PORT, www)?;
     procs.push(http.clone());
     lab.adopt(http);
     if variant.is_quic() {
@@ -400,6 +393,27 @@ pub fn start_servers(
     Ok(procs)
 }
 
+/// Starts `http_server.py` (its copy and log in `dir`) in `ns`, serving `www`
+/// on `ip:port` with the TCP congestion controller `tcp_congestion`.
+pub fn start_http_server(
+    ns: &Netns,
+    dir: &Path,
+    tcp_congestion: &str,
+    ip: &str,
+    port: u16,
+    www: &Path,
+) -> Result<ProcRecord> {
+    let script = dir.join("http_server.py");
+    std::fs::write(&script, include_str!("http_server.py"))?;
+    let mut c = ns.command("python3");
+    c.arg(&script)
+        .arg(tcp_congestion)
+        .arg(ip)
+        .arg(port.to_string())
+        .arg(www);
+    spawn_service("http server", &mut c, &dir.join("http.log"))
+}
+
 /// The URL the client downloads from: the server itself for TCP, the proxy
 /// client on the client's loopback for QUIC.
 pub fn file_url(variant: Variant) -> String {
@@ -411,13 +425,22 @@ pub fn file_url(variant: Variant) -> String {
 
 /// Waits until a HEAD request for the file succeeds from the client.
 pub fn wait_http(lab: &Multihomed, url: &str) -> Result<()> {
-    let cli = lab.client_ns();
+    wait_http_from(&lab.client_ns(), url, || lab.check_alive())
+}
+
+/// Waits until a HEAD request for `url` succeeds with curl in `client`;
+/// `alive` fails the wait early (a server process that exited).
+pub fn wait_http_from(
+    client: &Netns,
+    url: &str,
+    mut alive: impl FnMut() -> Result<()>,
+) -> Result<()> {
     poll_until(
         "the HTTP server to answer the client",
         Duration::from_secs(30),
         || {
-            lab.check_alive()?;
-            let ok = cli
+            alive()?;
+            let ok = client
                 .command("curl")
                 .args(["-sS", "--fail", "--head", "--max-time", "5", url])
                 .stdout(std::process::Stdio::null())

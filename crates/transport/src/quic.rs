@@ -680,9 +680,10 @@ pub struct KeyedConnectionIdGenerator {
 /// switch is routed to that connection, where its packets fail to decrypt
 /// and are dropped: no stateless reset tells it that the connection is
 /// gone, and it waits out its idle timeout. With 3 random bytes (16 M values)
-/// and ~50,000 IDs issued after a restart of 10,000 switches, tens of them
-/// did so, and came back after 33–42 s instead of within 15 s
-/// (docs/results/storm-10000-stop); with 4, about 0.1 per such restart.
+/// and ~50,000 IDs issued after a restart of 10,000 switches, 6–10 of them
+/// did so in each measured restart and came back after 33–42 s instead of
+/// within 15 s (docs/results/storm-10000-stop); with 4, about 0.1 are
+/// expected per such restart.
 const CID_NONCE_LEN: usize = 4;
 
 impl KeyedConnectionIdGenerator {
@@ -934,9 +935,9 @@ mod tests {
     /// A restarted controller agent issues IDs from the same space as its
     /// predecessor ([`CID_NONCE_LEN`]): they must seldom coincide. 200,000
     /// IDs drawn without quinn's redraw have 200,000² / 2 / 2³² ≈ 4.7 equal
-    /// pairs expected with 4 random bytes, ≈ 1,190 with 3; fewer than 40
-    /// fails with a probability below 10⁻¹⁵ for 4 bytes and passes for 3
-    /// with less.
+    /// pairs expected with 4 random bytes, ≈ 1,190 with 3. With 4 bytes, 40
+    /// or more happens with a probability below 10⁻¹⁵; with 3, fewer than
+    /// 40 is as unlikely.
     #[test]
     fn default_connection_ids_seldom_repeat_across_restarts() {
         use quinn::ConnectionIdGenerator;

@@ -84,6 +84,16 @@ pub struct Worker {
     pub index: u8,
 }
 
+impl Worker {
+    /// What a file option (`--session-store`, `--control`) becomes for
+    /// worker `index`: each worker keeps its own, `PATH.0`, `PATH.1`, ….
+    pub fn path(path: &std::path::Path, index: u8) -> std::path::PathBuf {
+        let mut name = path.as_os_str().to_owned();
+        name.push(format!(".{index}"));
+        name.into()
+    }
+}
+
 impl ControllerAgent {
     pub async fn start(config: ControllerConfig) -> Result<ControllerAgent, AgentError> {
         Self::start_with(config, None).await

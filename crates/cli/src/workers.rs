@@ -22,6 +22,7 @@
 
 use anyhow::{Context, Result, bail};
 use quicsdn_agent::ControllerConfig;
+use quicsdn_agent::controller::Worker;
 use quicsdn_transport::reuseport;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -73,11 +74,7 @@ pub fn from_env() -> Result<Option<(u8, UdpSocket)>> {
 
 /// What each worker must not share with the others (module docs).
 pub fn per_worker(config: &mut ControllerConfig, index: u8) -> Result<()> {
-    let suffix = |p: &std::path::Path| {
-        let mut s = p.as_os_str().to_owned();
-        s.push(format!(".{index}"));
-        std::path::PathBuf::from(s)
-    };
+    let suffix = |p: &std::path::Path| Worker::path(p, index);
     config.session_store = config.session_store.as_deref().map(suffix);
     config.common.control = config.common.control.as_deref().map(suffix);
     if let Some(m) = config.common.metrics.as_mut()

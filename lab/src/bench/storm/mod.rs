@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use quicsdn_agent::admission::{DEFAULT_MAX_HANDSHAKES, DEFAULT_RECONNECT_JITTER};
+use quicsdn_agent::controller::Worker;
 use quicsdn_agent::{CommonConfig, ControllerTarget, ServiceConfig, SwitchAgent, SwitchConfig};
 use quicsdn_transport::tls::TlsFiles;
 
@@ -240,11 +241,7 @@ impl StormConfig {
             return vec![path.to_path_buf()];
         }
         (0..self.workers)
-            .map(|i| {
-                let mut s = path.as_os_str().to_owned();
-                s.push(format!(".{i}"));
-                PathBuf::from(s)
-            })
+            .map(|i| Worker::path(path, i as u8))
             .collect()
     }
 }

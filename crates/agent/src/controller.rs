@@ -21,6 +21,7 @@ use crate::{AgentError, Shutdown, control};
 use bytes::Bytes;
 use quicsdn_transport::local::LocalListener;
 use quicsdn_transport::resumption::{self, SessionStore};
+use quicsdn_transport::roster;
 use quicsdn_transport::rotation::{self, Loaded, Policy, Refusal, Reloaded, RotationHandle};
 use quicsdn_transport::tls::{Credentials, Role, TlsError};
 use quicsdn_transport::{identity, quic};
@@ -38,6 +39,77 @@ use tracing::{info, warn};
 /// How long a stopping controller agent keeps its closed connections around;
 /// see [`ControllerAgent::shutdown`].
 const CLOSING_WAIT: Duration = Duration::from_millis(200);
+
+/// Writes the switch agents' roster (next to the session store) every
+/// round in which it changed, for the agent that replaces this one after a
+/// crash ([`roster`]). A failed write is logged and tried again next round.
+async fn keep_roster(roster: Arc<roster::Roster>, path: std::path::PathBuf, shutdown: Shutdown) {
+    let mut tick = tokio::time::interval(roster::ROUND);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.wait() => return,
+        }
+        let Some(peers) = roster.next_round() else {
+            continue;
+        };
+        let file = path.clone();
+        match tokio::task::spawn_blocking(move || roster::save(&file, &peers)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                roster.mark_changed();
+                warn!(roster = %path.display(), error = %e, "cannot write the roster");
+            }
+            Err(e) => warn!(roster = %path.display(), error = %e, "roster writer failed"),
+        }
+    }
+}
+
+/// How often [`reset_predecessors`] looks at the handshake queue.
+const RESET_TICK: Duration = Duration::from_millis(100);
+
+/// Resets the connections of the switch agents the previous agent on this
+/// address recorded ([`roster::Predecessors`]), skipping those heard from
+/// already, at the pace handshakes are admitted: each tick, as many as there
+/// are free handshake permits and nothing waits for them (all at once with
+/// no `--max-handshakes`). After a crash most switch agents learn of it from
+/// their own next packet within their keep-alive interval, and a queue full
+/// of them gets no more; these resets reach the rest, in particular those
+/// whose packet was lost before this agent listened and would retransmit
+/// only after a probe timeout (docs/scale.md).
+async fn reset_predecessors(
+    mut predecessors: roster::Predecessors,
+    admission: Arc<Admission>,
+    roster: Arc<roster::Roster>,
+    shutdown: Shutdown,
+) {
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(RESET_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while !predecessors.is_done() {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.wait() => return,
+        }
+        let budget = match admission.limit() {
+            0 => usize::MAX,
+            limit => {
+                let now = admission.stats();
+                limit.saturating_sub(now.in_flight + now.waiting)
+            }
+        };
+        predecessors.send(budget, |address| roster.knows(address));
+    }
+    let (sent, skipped) = predecessors.counts();
+    info!(
+        recorded = predecessors.len(),
+        resets = sent,
+        already_back = skipped,
+        ms = started.elapsed().as_millis() as u64,
+        "reset the connections the previous agent on this address left behind"
+    );
+}
 
 /// What the agent keeps per connected switch.
 struct SwitchEntry {
@@ -126,12 +198,21 @@ impl ControllerAgent {
             None => SessionStore::in_memory(resumption::DEFAULT_CAPACITY),
         });
         let quic = services.quic_options(&config.common);
-        let (endpoint, server_config) = match worker {
-            None => quic::server_endpoint(config.listen, creds, &quic, sessions.clone())?,
-            Some(w) => {
-                quic::server_endpoint_on(w.socket, Some(w.index), creds, &quic, sessions.clone())?
-            }
+        let roster_path = config.session_store.as_deref().map(roster::path_for);
+        let (socket, server_id) = match worker {
+            None => (quic::udp_socket(config.listen)?, None),
+            Some(w) => (w.socket, Some(w.index)),
         };
+        let served = quic::server_endpoint_on(
+            socket,
+            server_id,
+            creds,
+            &quic,
+            sessions.clone(),
+            roster_path.as_deref(),
+        )?;
+        let endpoint = served.endpoint;
+        let server_config = served.config;
         info!(
             listen = %endpoint.local_addr()?, identity = %creds.identity, services = %services.names(),
             max_handshakes = config.max_handshakes,
@@ -188,6 +269,17 @@ impl ControllerAgent {
             ),
             tokio::spawn(rotating),
         ];
+        if let (Some(roster), Some(path)) = (served.roster, roster_path) {
+            if let Some(predecessors) = served.predecessors {
+                metrics_tasks.push(tokio::spawn(reset_predecessors(
+                    predecessors,
+                    inner.admission.clone(),
+                    roster.clone(),
+                    shutdown.clone(),
+                )));
+            }
+            metrics_tasks.push(tokio::spawn(keep_roster(roster, path, shutdown.clone())));
+        }
         let mut metrics_addr = None;
         if let Some(addr) = inner.config.common.metrics {
             let health: crate::http::Health = {

@@ -524,8 +524,10 @@ pub struct ControllerArgs {
     pub listen: Option<SocketAddr>,
     /// Keep TLS sessions (the switch agents' 0-RTT tickets) in this file, so they
     /// survive a restart of this agent; each is usable once. It holds
-    /// resumption secrets: created mode 0600, protect it like the key. [default:
-    /// in memory]
+    /// resumption secrets: created mode 0600, protect it like the key. Beside
+    /// it, FILE.peers lists the connected switch agents (address, connection
+    /// ID), so that after a crash the next agent resets their connections at
+    /// once instead of at their next packet. [default: in memory]
     #[arg(long, value_name = "FILE")]
     pub session_store: Option<PathBuf>,
     /// Handshake admission control: QUIC handshakes under way at once. Attempts

@@ -26,6 +26,7 @@ pub mod quic;
 pub mod quic_lb;
 pub mod resumption;
 pub mod reuseport;
+pub mod roster;
 pub mod rotation;
 pub mod shutdown;
 pub mod target;

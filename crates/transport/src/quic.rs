@@ -7,7 +7,7 @@ use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Endpoint, EndpointConfig, IdleTimeout, TransportConfig, VarInt};
 use std::io;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -495,7 +495,22 @@ pub fn server_endpoint(
     opts: &QuicOptions,
     sessions: Arc<SessionStore>,
 ) -> Result<(Endpoint, quinn::ServerConfig), EndpointError> {
-    server_endpoint_on(udp_socket(listen)?, None, creds, opts, sessions)
+    let served = server_endpoint_on(udp_socket(listen)?, None, creds, opts, sessions, None)?;
+    Ok((served.endpoint, served.config))
+}
+
+/// What [`server_endpoint_on`] returns.
+pub struct ServerEndpoint {
+    pub endpoint: Endpoint,
+    /// The server configuration, for connections accepted with settings of
+    /// their own (qlog).
+    pub config: quinn::ServerConfig,
+    /// The switch agents recorded for a successor ([`crate::roster`]), when
+    /// a roster file was given; the caller writes it every round.
+    pub roster: Option<Arc<crate::roster::Roster>>,
+    /// The switch agents a predecessor recorded in that file, for the caller
+    /// to reset at its pace.
+    pub predecessors: Option<crate::roster::Predecessors>,
 }
 
 /// [`server_endpoint`] on a socket opened beforehand, and, as one of several
@@ -504,13 +519,17 @@ pub fn server_endpoint(
 /// (stateless reset, connection-ID check, address-validation tokens) from
 /// the private key and the shared address; their server ids keep their IDs
 /// apart, so a worker neither claims nor resets another's connections.
+///
+/// With a `roster` file, records this agent's switch agents and returns
+/// those a predecessor on this address recorded there ([`crate::roster`]).
 pub fn server_endpoint_on(
     socket: std::net::UdpSocket,
     server_id: Option<u8>,
     creds: &Credentials,
     opts: &QuicOptions,
     sessions: Arc<SessionStore>,
-) -> Result<(Endpoint, quinn::ServerConfig), EndpointError> {
+    roster: Option<&Path>,
+) -> Result<ServerEndpoint, EndpointError> {
     let listen = socket.local_addr()?;
     grow_recv_buffer(&socket, SERVER_UDP_RECV_BUFFER);
     let server = server_config(creds, opts, sessions)?;
@@ -518,13 +537,23 @@ pub fn server_endpoint_on(
     let mut config = EndpointConfig::new(keys.stateless_reset());
     let cid_key = keys.connection_ids();
     let cid_len = opts.cid_len;
-    match server_id {
-        None => config
-            .cid_generator(move || Box::new(KeyedConnectionIdGenerator::new(cid_key, cid_len))),
+    let issued_len = match server_id {
+        None => {
+            config
+                .cid_generator(move || Box::new(KeyedConnectionIdGenerator::new(cid_key, cid_len)));
+            quinn::ConnectionIdGenerator::cid_len(&KeyedConnectionIdGenerator::new(
+                cid_key, cid_len,
+            ))
+        }
         Some(id) => {
             // Checked here so the closure below cannot fail.
-            crate::quic_lb::ServerIdCidGenerator::new(crate::reuseport::CONFIG_ROTATION, &[id], 0)
-                .map_err(|e| TlsError::Config(e.to_string()))?;
+            let checked = crate::quic_lb::ServerIdCidGenerator::new(
+                crate::reuseport::CONFIG_ROTATION,
+                &[id],
+                0,
+            )
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+            let len = quinn::ConnectionIdGenerator::cid_len(&checked);
             config.cid_generator(move || {
                 Box::new(
                     crate::quic_lb::ServerIdCidGenerator::new(
@@ -534,7 +563,8 @@ pub fn server_endpoint_on(
                     )
                     .expect("checked above"),
                 )
-            })
+            });
+            len
         }
     };
     // After a crash every switch agent lost contact at the same instant, so
@@ -545,13 +575,44 @@ pub fn server_endpoint_on(
     // it" (quinn does), so it amplifies nothing, and only a packet whose
     // connection ID passes the keyed check below earns one.
     config.min_reset_interval(Duration::ZERO);
-    let endpoint = Endpoint::new_with_abstract_socket(
-        config,
-        Some(server.clone()),
-        endpoint_socket(socket, opts.ecn)?,
-        runtime()?,
-    )?;
-    Ok((endpoint, server))
+    let predecessors = match roster {
+        Some(path) => {
+            let (predecessors, bad) = crate::roster::Predecessors::load(
+                path,
+                keys.stateless_reset(),
+                socket.try_clone()?,
+            )
+            .map_err(|e| io::Error::new(e.kind(), format!("roster {}: {e}", path.display())))?;
+            if bad > 0 {
+                tracing::warn!(
+                    roster = %path.display(),
+                    lines = bad,
+                    "roster lines not understood, skipped"
+                );
+            }
+            predecessors
+        }
+        None => None,
+    };
+    let mut udp = endpoint_socket(socket, opts.ecn)?;
+    let roster = roster.map(|_| {
+        let roster = Arc::new(crate::roster::Roster::new(issued_len));
+        // The predecessor's list is replaced even if no switch comes back.
+        roster.mark_changed();
+        udp = Arc::new(crate::roster::RosterSocket {
+            inner: udp.clone(),
+            roster: roster.clone(),
+        });
+        roster
+    });
+    let endpoint =
+        Endpoint::new_with_abstract_socket(config, Some(server.clone()), udp, runtime()?)?;
+    Ok(ServerEndpoint {
+        endpoint,
+        config: server,
+        roster,
+        predecessors,
+    })
 }
 
 /// The controller agent's server configuration (TLS and transport).

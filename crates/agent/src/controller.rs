@@ -42,10 +42,12 @@ const CLOSING_WAIT: Duration = Duration::from_millis(200);
 
 /// Writes the switch agents' roster (next to the session store) every
 /// round in which it changed, for the agent that replaces this one after a
-/// crash ([`roster`]). A failed write is logged and tried again next round.
+/// crash ([`roster`]). A failed write is tried again next round, and logged
+/// once until one succeeds.
 async fn keep_roster(roster: Arc<roster::Roster>, path: std::path::PathBuf, shutdown: Shutdown) {
     let mut tick = tokio::time::interval(roster::ROUND);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -55,13 +57,26 @@ async fn keep_roster(roster: Arc<roster::Roster>, path: std::path::PathBuf, shut
             continue;
         };
         let file = path.clone();
-        match tokio::task::spawn_blocking(move || roster::save(&file, &peers)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                roster.mark_changed();
-                warn!(roster = %path.display(), error = %e, "cannot write the roster");
+        let error = match tokio::task::spawn_blocking(move || roster::save(&file, &peers)).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        match error {
+            None if failing => {
+                failing = false;
+                info!(roster = %path.display(), "the roster is written again");
             }
-            Err(e) => warn!(roster = %path.display(), error = %e, "roster writer failed"),
+            None => {}
+            Some(e) => {
+                roster.mark_changed();
+                if !std::mem::replace(&mut failing, true) {
+                    warn!(
+                        roster = %path.display(), error = %e,
+                        "cannot write the roster; after a crash the next agent cannot reset these switches' connections at once (trying again every round)"
+                    );
+                }
+            }
         }
     }
 }

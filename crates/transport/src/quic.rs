@@ -595,10 +595,11 @@ pub fn server_endpoint_on(
         None => None,
     };
     let mut udp = endpoint_socket(socket, opts.ecn)?;
+    // The predecessor's file stays until this agent's first switch is
+    // recorded: should this agent crash before any comes back, its successor
+    // resets them again.
     let roster = roster.map(|_| {
         let roster = Arc::new(crate::roster::Roster::new(issued_len));
-        // The predecessor's list is replaced even if no switch comes back.
-        roster.mark_changed();
         udp = Arc::new(crate::roster::RosterSocket {
             inner: udp.clone(),
             roster: roster.clone(),

@@ -181,8 +181,8 @@ impl Roster {
         self.table.lock().unwrap().peers.contains_key(address)
     }
 
-    /// Whether the next [`next_round`](Self::next_round) must write even if
-    /// nothing was seen: at start, so that a predecessor's roster is replaced.
+    /// Makes the next [`next_round`](Self::next_round) return the roster even
+    /// if nothing changed: after a write failed.
     pub fn mark_changed(&self) {
         self.table.lock().unwrap().changed = true;
     }

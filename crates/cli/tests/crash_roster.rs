@@ -7,28 +7,13 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{Agent, BIN};
+use support::Agent;
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
 fn agent(args: &[&str], pki: &Path, name: &str, log: &Path) -> Agent {
-    Agent(
-        Command::new(BIN)
-            .args(args)
-            .arg("--ca")
-            .arg(pki.join("ca.crt"))
-            .arg("--cert")
-            .arg(pki.join(format!("{name}.crt")))
-            .arg("--key")
-            .arg(pki.join(format!("{name}.key")))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .unwrap(),
-    )
+    support::agent(args, pki, name, &[], log)
 }
 
 /// The first line of the file at `path` that contains `wanted`, polled until
@@ -43,9 +28,7 @@ fn line_with(path: &Path, wanted: &str, deadline: Instant, logs: &[&Path]) -> St
             Instant::now() < deadline,
             "no line with {wanted:?} in {} in time; logs:\n{}",
             path.display(),
-            logs.iter()
-                .map(|l| std::fs::read_to_string(l).unwrap_or_default())
-                .collect::<String>()
+            support::logs(logs)
         );
         // Polls files the agents write as things happen.
         std::thread::sleep(Duration::from_millis(20));
@@ -82,9 +65,7 @@ fn wait_quiet(control: &Path, quiet: Duration, logs: &[&Path]) {
             Instant::now() < deadline,
             "the switch agent's connection never went quiet ({:?} packets); logs:\n{}",
             last.0,
-            logs.iter()
-                .map(|l| std::fs::read_to_string(l).unwrap_or_default())
-                .collect::<String>()
+            support::logs(logs)
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -94,12 +75,8 @@ fn wait_quiet(control: &Path, quiet: Duration, logs: &[&Path]) {
 fn after_a_crash_the_next_controller_agent_resets_the_recorded_switches_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let pki = support::pki(dir.path(), &["ctl", "sw1"]);
-    let port = std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
+    // A free port for the controller agent, which the switch agent is told.
+    let listen = support::free_udp_address();
     let store = dir.path().join("sessions");
     let roster = dir.path().join("sessions.peers");
     // Keep-alives far apart on both sides (the idle timeout is the smaller

@@ -5,29 +5,13 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{Agent, BIN};
+use support::Agent;
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
 fn agent(args: &[&str], pki: &Path, name: &str, qlogdir: &Path, log: &Path) -> Agent {
-    Agent(
-        Command::new(BIN)
-            .args(args)
-            .arg("--ca")
-            .arg(pki.join("ca.crt"))
-            .arg("--cert")
-            .arg(pki.join(format!("{name}.crt")))
-            .arg("--key")
-            .arg(pki.join(format!("{name}.key")))
-            .env("QLOGDIR", qlogdir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .unwrap(),
-    )
+    support::agent(args, pki, name, &[("QLOGDIR", qlogdir)], log)
 }
 
 /// The one `.sqlog` file in `dir` once it is named by switch `sw1` and
@@ -53,9 +37,7 @@ fn switch_named_qlog(dir: &Path, role: &str, logs: &[PathBuf]) -> PathBuf {
             files.len() <= 1 && Instant::now() < deadline,
             "{role}: no sw1-…-{role}.sqlog alone in {} with a received packet: {files:?}\n{}",
             dir.display(),
-            logs.iter()
-                .map(|l| std::fs::read_to_string(l).unwrap_or_default())
-                .collect::<String>()
+            support::logs(logs)
         );
         // Polls the file the agent writes as packets pass.
         std::thread::sleep(Duration::from_millis(20));
@@ -67,12 +49,7 @@ fn qlogdir_in_the_environment_turns_qlog_on_for_both_agents() {
     let dir = tempfile::tempdir().unwrap();
     let pki = support::pki(dir.path(), &["ctl", "sw1"]);
     // A free port for the controller agent, which the switch agent is told.
-    let port = std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
+    let listen = support::free_udp_address();
     let (ctl_dir, sw_dir) = (dir.path().join("ctl"), dir.path().join("sw"));
     let logs = [dir.path().join("ctl.log"), dir.path().join("sw.log")];
     let _controller = agent(

@@ -3,7 +3,7 @@
 #![allow(dead_code)] // Each test binary uses a different subset.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_quicsdn");
 
@@ -40,4 +40,39 @@ impl Drop for Agent {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// `quicsdn ARGS` as `name` of the PKI at `pki` (its `--ca`, `--cert` and
+/// `--key`), with `env` set and its log (stderr) written to `log`.
+pub fn agent(args: &[&str], pki: &Path, name: &str, env: &[(&str, &Path)], log: &Path) -> Agent {
+    Agent(
+        Command::new(BIN)
+            .args(args)
+            .arg("--ca")
+            .arg(pki.join("ca.crt"))
+            .arg("--cert")
+            .arg(pki.join(format!("{name}.crt")))
+            .arg("--key")
+            .arg(pki.join(format!("{name}.key")))
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// The agents' logs, one after the other, for a failing assertion's message.
+pub fn logs<P: AsRef<Path>>(logs: &[P]) -> String {
+    logs.iter()
+        .map(|l| std::fs::read_to_string(l).unwrap_or_default())
+        .collect()
+}
+
+/// `127.0.0.1:PORT` with a UDP port free a moment ago, for a controller
+/// agent whose address the switch agent (or its successor) must know.
+pub fn free_udp_address() -> String {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket.local_addr().unwrap().to_string()
 }

@@ -7,10 +7,10 @@
 //! and earns a stateless reset (RFC 9000 §10.3): OVS's echo or a keep-alive,
 //! up to 5.25 s later. A packet sent before the new agent listens is lost,
 //! and its retransmission waits a probe timeout that the restart's load
-//! stretches, so OVS's inactivity probe (5 s) expired for 5–9 % of 10,000
-//! switches per crash and those came back last (docs/scale.md). A graceful
-//! stop is no better at that scale: its close packets mostly do not leave
-//! before the process exits.
+//! stretches, so OVS's inactivity probe (5 s) expired for 5–16 % of 10,000
+//! switches per crash and those came back last (docs/scale.md). (After a
+//! graceful stop most close packets do not leave before the process exits
+//! either; there the roster made no measurable difference.)
 //!
 //! The new agent has none of its predecessor's state, but a stateless reset
 //! needs little: the switch's address and the connection ID the switch sends
@@ -61,7 +61,7 @@ pub const ROUND: Duration = Duration::from_secs(2);
 pub const STALE_ROUNDS: u32 = 15;
 
 /// Addresses kept at most (about 100 bytes each in memory, 40 in the file):
-/// four times what one agent serves in docs/scale.md's model.
+/// five times what one agent serves in docs/scale.md's model (12,500).
 pub const MAX_PEERS: usize = 64 * 1024;
 
 /// Where the roster of a session store at `store` lives: `STORE.peers`.

@@ -19,20 +19,13 @@ fn agent(args: &[&str], pki: &Path, name: &str, log: &Path) -> Agent {
 /// The first line of the file at `path` that contains `wanted`, polled until
 /// `deadline`.
 fn line_with(path: &Path, wanted: &str, deadline: Instant, logs: &[&Path]) -> String {
-    loop {
+    let what = format!("line with {wanted:?} in {}", path.display());
+    support::poll_until(&what, deadline, logs, || {
         let text = std::fs::read_to_string(path).unwrap_or_default();
-        if let Some(line) = text.lines().find(|l| l.contains(wanted)) {
-            return line.to_string();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no line with {wanted:?} in {} in time; logs:\n{}",
-            path.display(),
-            support::logs(logs)
-        );
-        // Polls files the agents write as things happen.
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        text.lines()
+            .find(|l| l.contains(wanted))
+            .map(str::to_string)
+    })
 }
 
 /// Packets the switch agent's connection has sent, from its control socket.
@@ -50,25 +43,20 @@ fn sent_packets(control: &Path) -> Option<u64> {
 /// (the handshake's and the hello's last packets and acknowledgements are
 /// out), so that its next packet is a keep-alive.
 fn wait_quiet(control: &Path, quiet: Duration, logs: &[&Path]) {
-    let deadline = Instant::now() + PATIENCE;
     let mut last = (None, Instant::now());
-    loop {
-        let now = sent_packets(control);
-        if now.is_some() && now == last.0 {
-            if last.1.elapsed() >= quiet {
-                return;
+    support::poll_until(
+        "quiet switch agent connection",
+        Instant::now() + PATIENCE,
+        logs,
+        || {
+            let now = sent_packets(control);
+            if now.is_none() || now != last.0 {
+                last = (now, Instant::now());
+                return None;
             }
-        } else {
-            last = (now, Instant::now());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the switch agent's connection never went quiet ({:?} packets); logs:\n{}",
-            last.0,
-            support::logs(logs)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+            (last.1.elapsed() >= quiet).then_some(())
+        },
+    );
 }
 
 #[test]

@@ -18,30 +18,28 @@ fn agent(args: &[&str], pki: &Path, name: &str, qlogdir: &Path, log: &Path) -> A
 /// `role` and holds a received packet (the controller agent names its file
 /// by the peer's address until the handshake tells it the switch).
 fn switch_named_qlog(dir: &Path, role: &str, logs: &[PathBuf]) -> PathBuf {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    let what = format!(
+        "sw1-…-{role}.sqlog with a received packet in {}",
+        dir.display()
+    );
+    support::poll_until(&what, Instant::now() + PATIENCE, logs, || {
         let files: Vec<PathBuf> = std::fs::read_dir(dir)
             .map(|d| d.map(|e| e.unwrap().path()).collect())
             .unwrap_or_default();
-        if let [file] = &files[..] {
-            let name = file.file_name().unwrap().to_string_lossy();
-            if name.starts_with("sw1-")
-                && name.ends_with(&format!("-{role}.sqlog"))
-                && std::fs::read_to_string(file)
-                    .is_ok_and(|t| t.contains("transport:packet_received"))
-            {
-                return file.clone();
-            }
-        }
         assert!(
-            files.len() <= 1 && Instant::now() < deadline,
-            "{role}: no sw1-…-{role}.sqlog alone in {} with a received packet: {files:?}\n{}",
-            dir.display(),
-            support::logs(logs)
+            files.len() <= 1,
+            "{role}: more than one qlog in {}: {files:?}",
+            dir.display()
         );
-        // Polls the file the agent writes as packets pass.
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        let [file] = &files[..] else {
+            return None;
+        };
+        let name = file.file_name().unwrap().to_string_lossy();
+        (name.starts_with("sw1-")
+            && name.ends_with(&format!("-{role}.sqlog"))
+            && std::fs::read_to_string(file).is_ok_and(|t| t.contains("transport:packet_received")))
+        .then(|| file.clone())
+    })
 }
 
 #[test]

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_quicsdn");
 
@@ -75,4 +76,26 @@ pub fn logs<P: AsRef<Path>>(logs: &[P]) -> String {
 pub fn free_udp_address() -> String {
     let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     socket.local_addr().unwrap().to_string()
+}
+
+/// Calls `check` every 20 ms until it returns `Some` (returned) or `deadline`
+/// passes: then the test fails, naming `what`, with the agents' `logs`. The
+/// interval only paces the checks of real state; it never stands in for one.
+pub fn poll_until<T, P: AsRef<Path>>(
+    what: &str,
+    deadline: Instant,
+    agent_logs: &[P],
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {what} in time; logs:\n{}",
+            logs(agent_logs)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -594,18 +594,17 @@ pub fn server_endpoint_on(
         }
         None => None,
     };
-    let mut udp = endpoint_socket(socket, opts.ecn)?;
     // The predecessor's file stays until this agent's first switch is
     // recorded: should this agent crash before any comes back, its successor
     // resets them again.
-    let roster = roster.map(|_| {
-        let roster = Arc::new(crate::roster::Roster::new(issued_len));
-        udp = Arc::new(crate::roster::RosterSocket {
-            inner: udp.clone(),
+    let roster = roster.map(|_| Arc::new(crate::roster::Roster::new(issued_len)));
+    let udp = match &roster {
+        Some(roster) => Arc::new(crate::roster::RosterSocket {
+            inner: endpoint_socket(socket, opts.ecn)?,
             roster: roster.clone(),
-        });
-        roster
-    });
+        }),
+        None => endpoint_socket(socket, opts.ecn)?,
+    };
     let endpoint =
         Endpoint::new_with_abstract_socket(config, Some(server.clone()), udp, runtime()?)?;
     Ok(ServerEndpoint {

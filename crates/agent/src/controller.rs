@@ -175,9 +175,7 @@ impl Worker {
     /// What a file option (`--session-store`, `--control`) becomes for
     /// worker `index`: each worker keeps its own, `PATH.0`, `PATH.1`, ….
     pub fn path(path: &std::path::Path, index: u8) -> std::path::PathBuf {
-        let mut name = path.as_os_str().to_owned();
-        name.push(format!(".{index}"));
-        name.into()
+        quicsdn_transport::files::suffixed(path, &format!(".{index}"))
     }
 }
 

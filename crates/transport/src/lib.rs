@@ -15,6 +15,7 @@
 //!   [`shutdown`] — the stop signal of a process's tasks.
 
 pub mod backoff;
+pub mod files;
 pub mod identity;
 pub mod keylog;
 pub mod local;

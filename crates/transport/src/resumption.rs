@@ -20,11 +20,12 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tracing::warn;
+
+use crate::files::{open_private, temp_path};
 
 const MAGIC: &[u8; 8] = b"QSDNSES1";
 const PUT: u8 = 1;
@@ -304,27 +305,6 @@ impl SessionStore {
             );
         }
     }
-}
-
-/// Where a compaction writes before its rename: the store's own name plus
-/// `.tmp`. Not `with_extension`: `--workers` stores are `FILE.0`, `FILE.1`, …,
-/// which would all share `FILE.tmp`, and workers compacting at once (every one
-/// does at start) renamed each other's files or failed to start.
-fn temp_path(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".tmp");
-    PathBuf::from(name)
-}
-
-fn open_private(path: &Path, truncate: bool) -> io::Result<File> {
-    let mut o = std::fs::OpenOptions::new();
-    o.create(true).mode(0o600);
-    if truncate {
-        o.write(true).truncate(true);
-    } else {
-        o.append(true);
-    }
-    o.open(path)
 }
 
 fn insert(st: &mut State, key: Vec<u8>, value: &[u8], stored: u64, capacity: usize) {

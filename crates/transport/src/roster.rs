@@ -41,7 +41,6 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, IoSliceMut, Write};
 use std::net::{SocketAddr, UdpSocket};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -66,9 +65,7 @@ pub const MAX_PEERS: usize = 64 * 1024;
 
 /// Where the roster of a session store at `store` lives: `STORE.peers`.
 pub fn path_for(store: &Path) -> PathBuf {
-    let mut name = store.as_os_str().to_owned();
-    name.push(".peers");
-    name.into()
+    crate::files::suffixed(store, ".peers")
 }
 
 /// A switch agent as the roster knows it.
@@ -245,15 +242,8 @@ fn parse_line(line: &str) -> Option<Peer> {
 /// Writes the roster to `path` (mode 0600, through a temporary file and a
 /// rename, so a reader never sees half of it).
 pub fn save(path: &Path, peers: &[Peer]) -> io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
+    let tmp = crate::files::temp_path(path);
+    let mut f = crate::files::open_private(&tmp, true)?;
     f.write_all(encode(peers).as_bytes())?;
     drop(f);
     std::fs::rename(&tmp, path)

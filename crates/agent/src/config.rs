@@ -375,6 +375,11 @@ pub struct ControllerConfig {
     /// `--max-handshakes`: QUIC handshakes under way at once; connection
     /// attempts beyond are refused (see [`crate::admission`]). 0: no limit.
     pub max_handshakes: usize,
+    /// `--server-id`: this host's server id in every connection ID it issues,
+    /// for a QUIC-LB balancer in front of several hosts
+    /// ([`quicsdn_transport::quic_lb`]). None: IDs carry none (but a worker's
+    /// octet with `--workers`).
+    pub server_id: Option<quicsdn_transport::quic_lb::ServerId>,
     pub common: CommonConfig,
 }
 
@@ -448,6 +453,7 @@ mod tests {
             relaxed_flow_mods: false,
             session_store: None,
             max_handshakes: crate::admission::DEFAULT_MAX_HANDSHAKES,
+            server_id: None,
             common: common(&[
                 "openflow=tcp:127.0.0.1:6653",
                 "ovsdb=punix:/run/q/{switch}.sock",

@@ -20,6 +20,7 @@ use crate::session::Handshake;
 use crate::{AgentError, Shutdown, control};
 use bytes::Bytes;
 use quicsdn_transport::local::LocalListener;
+use quicsdn_transport::quic_lb::ServerId;
 use quicsdn_transport::resumption::{self, SessionStore};
 use quicsdn_transport::roster;
 use quicsdn_transport::rotation::{self, Loaded, Policy, Refusal, Reloaded, RotationHandle};
@@ -212,13 +213,25 @@ impl ControllerAgent {
         });
         let quic = services.quic_options(&config.common);
         let roster_path = config.session_store.as_deref().map(roster::path_for);
-        let (socket, server_id) = match worker {
-            None => (quic::udp_socket(config.listen)?, None),
-            Some(w) => (w.socket, Some(w.index)),
+        // A worker's octet follows the host's server id; a single agent with
+        // a server id is worker 0, so every host of one balancer issues IDs
+        // of one length.
+        let (socket, routing) = match worker {
+            None => (
+                quic::udp_socket(config.listen)?,
+                config
+                    .server_id
+                    .as_ref()
+                    .map(|id| ServerId::prefix(Some(id), 0)),
+            ),
+            Some(w) => (
+                w.socket,
+                Some(ServerId::prefix(config.server_id.as_ref(), w.index)),
+            ),
         };
         let served = quic::server_endpoint_on(
             socket,
-            server_id,
+            routing.as_deref(),
             creds,
             &quic,
             sessions.clone(),
@@ -229,6 +242,7 @@ impl ControllerAgent {
         info!(
             listen = %endpoint.local_addr()?, identity = %creds.identity, services = %services.names(),
             max_handshakes = config.max_handshakes,
+            server_id = config.server_id.as_ref().map(tracing::field::display),
             "controller agent listening"
         );
         let admission = Admission::new(config.max_handshakes);

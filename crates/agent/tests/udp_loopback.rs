@@ -37,6 +37,7 @@ fn controller_config(common: CommonConfig) -> ControllerConfig {
         relaxed_flow_mods: false,
         session_store: None,
         max_handshakes: quicsdn_agent::admission::DEFAULT_MAX_HANDSHAKES,
+        server_id: None,
         common,
     }
 }

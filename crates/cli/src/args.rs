@@ -547,6 +547,15 @@ pub struct ControllerArgs {
     /// (`FILE.0`, port + index). See docs/scale.md. [default: 1, no supervisor]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     pub workers: Option<u16>,
+    /// This host's server id, for a QUIC-LB load balancer in front of several
+    /// controller-agent hosts on one address: 1 to 10 octets in hexadecimal
+    /// (e.g. `0a`), unique per host, the same length on every host. Every
+    /// connection ID this agent issues starts with it (the draft's
+    /// unencrypted form), so the balancer routes a switch's packets to the
+    /// host that owns its connection also after the switch's address changes.
+    /// See docs/scale.md. [default: none]
+    #[arg(long, value_name = "HEX")]
+    pub server_id: Option<quicsdn_transport::quic_lb::ServerId>,
 }
 
 /// A configuration file: the flags' long names as keys.
@@ -602,6 +611,7 @@ pub struct FileConfig {
     pub relaxed_flow_mods: Option<bool>,
     pub session_store: Option<PathBuf>,
     pub max_handshakes: Option<usize>,
+    pub server_id: Option<String>,
 }
 
 impl FileConfig {
@@ -794,10 +804,11 @@ impl SwitchArgs {
             || file.relaxed_flow_mods.is_some()
             || file.session_store.is_some()
             || file.max_handshakes.is_some()
+            || file.server_id.is_some()
         {
             bail!(
-                "`listen`, `relaxed-flow-mods`, `session-store` and `max-handshakes` are controller \
-                 agent settings"
+                "`listen`, `relaxed-flow-mods`, `session-store`, `max-handshakes` and `server-id` \
+                 are controller agent settings"
             );
         }
         let addrs = if self.controller.is_empty() {
@@ -895,6 +906,11 @@ impl ControllerArgs {
                 .max_handshakes
                 .or(file.max_handshakes.take())
                 .unwrap_or(quicsdn_agent::admission::DEFAULT_MAX_HANDSHAKES),
+            server_id: match (self.server_id, file.server_id.take()) {
+                (Some(id), _) => Some(id),
+                (None, Some(text)) => Some(text.parse().map_err(|e| anyhow!("server-id: {e}"))?),
+                (None, None) => None,
+            },
             common: common(self.common, &mut file)?,
         })
     }
@@ -1060,6 +1076,54 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("--max-handshakes"), "{e}");
+        // A host's server id for a QUIC-LB balancer: hexadecimal, from a flag
+        // or the file (the flag wins), refused with the rule when malformed.
+        assert_eq!(ctl(&[]).unwrap().server_id, None);
+        let id = ctl(&["--server-id=0a01"]).unwrap().server_id.unwrap();
+        assert_eq!(id.as_bytes(), &[0x0a, 0x01]);
+        let e = Cli::try_parse_from(["quicsdn", "controller", "--server-id=xyz"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--server-id") && e.contains("hexadecimal"),
+            "{e}"
+        );
+        let file: FileConfig = toml::from_str("server-id = \"0b\"").unwrap();
+        let Command::Controller(args) = parse(&[
+            "controller",
+            "--ca=/a",
+            "--cert=/b",
+            "--key=/c",
+            "--service=openflow=tcp:127.0.0.1:6653",
+        ])
+        .command
+        else {
+            panic!()
+        };
+        assert_eq!(
+            args.resolve(file).unwrap().server_id.unwrap().as_bytes(),
+            &[0x0b]
+        );
+        let file: FileConfig = toml::from_str("server-id = \"0\"").unwrap();
+        let Command::Controller(args) = parse(&[
+            "controller",
+            "--ca=/a",
+            "--cert=/b",
+            "--key=/c",
+            "--service=openflow=tcp:127.0.0.1:6653",
+        ])
+        .command
+        else {
+            panic!()
+        };
+        let e = args.resolve(file).unwrap_err().to_string();
+        assert!(e.contains("server-id") && e.contains("hexadecimal"), "{e}");
+        let file: FileConfig = toml::from_str("server-id = \"0b\"").unwrap();
+        let Command::Switch(args) = parse(&["switch", "--controller=c:1"]).command else {
+            panic!()
+        };
+        let e = args.resolve(file).unwrap_err().to_string();
+        assert!(e.contains("server-id"), "{e}");
         let Command::Switch(args) = parse(&[
             "switch",
             "--controller=c:1",

@@ -99,8 +99,13 @@ fn run(cli: Cli) -> Result<()> {
             log_level(&file)?;
             let workers = args.workers;
             let mut config = args.resolve(file)?;
-            if workers.is_some() && !matches!(config.common.transport, AgentTransport::Quic) {
-                anyhow::bail!("--workers: only for the QUIC transport");
+            if !matches!(config.common.transport, AgentTransport::Quic) {
+                if workers.is_some() {
+                    anyhow::bail!("--workers: only for the QUIC transport");
+                }
+                if config.server_id.is_some() {
+                    anyhow::bail!("--server-id: only for the QUIC transport");
+                }
             }
             if let Some((index, socket)) = workers::from_env()? {
                 workers::per_worker(&mut config, index)?;
@@ -115,7 +120,7 @@ fn run(cli: Cli) -> Result<()> {
                 });
             }
             if let Some(n) = workers.filter(|&n| n > 1) {
-                return workers::supervise(n.into(), config.listen);
+                return workers::supervise(n.into(), config.listen, config.server_id.as_ref());
             }
             if let AgentTransport::Udp(profile) = config.common.transport {
                 return runtime(cli.threads)?.block_on(async {

@@ -8,7 +8,8 @@
 //! independent process leaves and rejoins ([`quicsdn_transport::reuseport`]).
 //! Here the supervisor opens all N sockets once, in order, and keeps them;
 //! worker *i* is started on socket *i* (inherited, the fd named in
-//! `QUICSDN_WORKER`) with server id *i*, and restarted on the same socket if
+//! `QUICSDN_WORKER`) with worker octet *i* after the host's `--server-id` in
+//! its connection IDs, and restarted on the same socket if
 //! it dies. Processes rather than threads: a worker that crashes takes only
 //! its own switches down, and they reconnect to whichever worker their
 //! address hashes to. As an operator expects from nginx's or HAProxy's
@@ -23,6 +24,7 @@
 use anyhow::{Context, Result, bail};
 use quicsdn_agent::ControllerConfig;
 use quicsdn_agent::controller::Worker;
+use quicsdn_transport::quic_lb::ServerId;
 use quicsdn_transport::reuseport;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -90,8 +92,9 @@ pub fn per_worker(config: &mut ControllerConfig, index: u8) -> Result<()> {
 
 /// Opens the group on `listen` and runs `workers` worker processes (this
 /// program, same arguments) until SIGTERM or SIGINT.
-pub fn supervise(workers: usize, listen: SocketAddr) -> Result<()> {
-    let sockets = reuseport::bind_group(listen, workers)?;
+pub fn supervise(workers: usize, listen: SocketAddr, server_id: Option<&ServerId>) -> Result<()> {
+    let host_id_len = server_id.map_or(0, |id| id.as_bytes().len());
+    let sockets = reuseport::bind_group(listen, workers, host_id_len)?;
     let addr = sockets[0].local_addr()?;
     let exe = std::env::current_exe().context("cannot find this program to start workers")?;
     let args: Vec<_> = std::env::args_os().skip(1).collect();

@@ -513,18 +513,20 @@ pub struct ServerEndpoint {
     pub predecessors: Option<crate::roster::Predecessors>,
 }
 
-/// [`server_endpoint`] on a socket opened beforehand, and, as one of several
-/// workers sharing its port ([`crate::reuseport`]), with connection IDs that
-/// carry `server_id` ([`crate::quic_lb`]). All workers derive the same keys
-/// (stateless reset, connection-ID check, address-validation tokens) from
-/// the private key and the shared address; their server ids keep their IDs
-/// apart, so a worker neither claims nor resets another's connections.
+/// [`server_endpoint`] on a socket opened beforehand, and with connection IDs
+/// that start with a `routing` prefix ([`crate::quic_lb`]: the host's
+/// server id for a QUIC-LB balancer, then the worker's octet for a reuseport
+/// group, [`crate::quic_lb::ServerId::prefix`]). All agents on one address
+/// derive the same keys (stateless reset, connection-ID check,
+/// address-validation tokens) from the private key and that address; their
+/// prefixes keep their IDs apart, so an agent neither claims nor resets
+/// another's connections.
 ///
 /// With a `roster` file, records this agent's switch agents and returns
 /// those a predecessor on this address recorded there ([`crate::roster`]).
 pub fn server_endpoint_on(
     socket: std::net::UdpSocket,
-    server_id: Option<u8>,
+    routing: Option<&[u8]>,
     creds: &Credentials,
     opts: &QuicOptions,
     sessions: Arc<SessionStore>,
@@ -537,7 +539,7 @@ pub fn server_endpoint_on(
     let mut config = EndpointConfig::new(keys.stateless_reset());
     let cid_key = keys.connection_ids();
     let cid_len = opts.cid_len;
-    let issued_len = match server_id {
+    let issued_len = match routing {
         None => {
             config
                 .cid_generator(move || Box::new(KeyedConnectionIdGenerator::new(cid_key, cid_len)));
@@ -545,20 +547,21 @@ pub fn server_endpoint_on(
                 cid_key, cid_len,
             ))
         }
-        Some(id) => {
-            // Checked here so the closure below cannot fail.
+        Some(prefix) => {
             let checked = crate::quic_lb::ServerIdCidGenerator::new(
                 crate::reuseport::CONFIG_ROTATION,
-                &[id],
-                0,
+                prefix,
+                cid_key,
             )
             .map_err(|e| TlsError::Config(e.to_string()))?;
             let len = quinn::ConnectionIdGenerator::cid_len(&checked);
+            let prefix = prefix.to_vec();
+            // Checked above, so this cannot fail.
             config.cid_generator(move || {
                 Box::new(
                     crate::quic_lb::ServerIdCidGenerator::new(
                         crate::reuseport::CONFIG_ROTATION,
-                        &[id],
+                        &prefix,
                         cid_key,
                     )
                     .expect("checked above"),

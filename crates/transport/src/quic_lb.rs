@@ -1,33 +1,50 @@
-//! Connection IDs that carry a server id, in the plaintext form of the QUIC-LB
-//! draft (draft-ietf-quic-load-balancers §3, "Plaintext CID Algorithm"), so
-//! that a load balancer, or a reuseport program in front of several controller
-//! agents on one port, can route a packet to the agent that owns its
-//! connection by its destination connection ID alone, whatever the switch's
-//! address (migration, NAT rebinding).
+//! Connection IDs that carry a server id, in the unencrypted form of the
+//! QUIC-LB draft (draft-ietf-quic-load-balancers, "CID format": a first
+//! octet, the server id, a nonce of at least 4 octets), so that a load
+//! balancer in front of several controller-agent hosts, or a reuseport
+//! program in front of several controller-agent processes on one port, can
+//! route a packet to the agent that owns its connection by its destination
+//! connection ID alone, whatever the switch's address (migration, NAT
+//! rebinding).
 //!
-//! Layout (draft §2.2, "First Octet"; §3.1):
+//! Layout (draft "First Octet": config rotation, then length self-description):
 //!
 //! ```text
-//! | config rotation (3 bits) | length - 1 (5 bits) | server id (1..=15) | nonce and keyed check (8) |
+//! | config rotation (3 bits) | length - 1 (5 bits) | routing prefix (1..=11) | keyed nonce (8) |
 //! ```
+//!
+//! The routing prefix is the host's server id (`--server-id`, what a
+//! balancer routes by) followed by one octet naming the worker process on
+//! that host (`--workers`; 0 for a single agent), as the draft's "Load
+//! balancer chains" lays out: each tier routes by a longer server id, and a
+//! balancer "closer to the client" treats the octet it does not use as part
+//! of the nonce. Without `--server-id` the prefix is the worker octet alone.
+//! Every agent of one deployment has the same prefix length, so every ID
+//! has the same length (the draft's server actions: all servers of a
+//! configuration "MUST consistently add the same length").
 //!
 //! The last 8 octets are quinn's keyed connection ID (a nonce and a check
 //! over it), so an agent still recognises the IDs it, or its predecessor
 //! with the same key, issued, and answers only those with stateless resets
-//! (RFC 9000 §10.3). Agents that share a port share that key and the reset
-//! key; their server ids tell them apart.
-//!
-//! Used by the controller agent's workers (`--workers`, [`crate::reuseport`]):
-//! one-octet server ids, the worker's index.
+//! (RFC 9000 §10.3). Agents that share keys are told apart by their prefix:
+//! the draft's "Stateless Reset Oracle" needs two packets with one ID to
+//! reach two servers sharing a reset key, which routing by server id
+//! prevents.
 
 use quinn_proto::{ConnectionId, ConnectionIdGenerator, HashedConnectionIdGenerator, InvalidCid};
 use std::time::Duration;
 
 /// The keyed part quinn's generator appends: 8 octets.
 const KEYED_LEN: usize = 8;
-/// Longest server id that still fits RFC 9000's 20-octet connection ID with
-/// the first octet and the keyed part.
+/// Longest routing prefix that still fits RFC 9000's 20-octet connection ID
+/// with the first octet and the keyed part.
 pub const MAX_SERVER_ID_LEN: usize = 20 - 1 - KEYED_LEN;
+/// Longest host server id (`--server-id`): one octet of the prefix is the
+/// worker's.
+pub const MAX_HOST_SERVER_ID_LEN: usize = MAX_SERVER_ID_LEN - 1;
+/// Draft "Configuration Agent Actions": "The nonce length MUST be at least 4
+/// octets."
+const MIN_NONCE_LEN: usize = 4;
 /// Config rotation codepoint 0b111 is reserved for unroutable IDs (draft §2.3).
 pub const MAX_CONFIG_ROTATION: u8 = 6;
 
@@ -38,6 +55,66 @@ pub enum ServerIdError {
     Length(usize),
     #[error("the config rotation is 0 to {MAX_CONFIG_ROTATION} (7 marks unroutable IDs), not {0}")]
     Rotation(u8),
+    #[error(
+        "a server id is 1 to {MAX_HOST_SERVER_ID_LEN} octets in hexadecimal (e.g. 0a or 0a01), \
+         not {0:?}"
+    )]
+    Hex(String),
+}
+
+/// A host's server id, as a QUIC-LB balancer's configuration maps it to the
+/// host's address: 1 to [`MAX_HOST_SERVER_ID_LEN`] opaque octets (the draft:
+/// "server IDs are opaque bytes, not integers"), written in hexadecimal.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServerId(Vec<u8>);
+
+impl ServerId {
+    pub fn new(octets: &[u8]) -> Result<ServerId, ServerIdError> {
+        if octets.is_empty() || octets.len() > MAX_HOST_SERVER_ID_LEN {
+            return Err(ServerIdError::Length(octets.len()));
+        }
+        Ok(ServerId(octets.to_vec()))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The routing prefix of worker `index` on a host with this server id
+    /// (`None`: a host without one, where the worker octet alone routes).
+    pub fn prefix(host: Option<&ServerId>, index: u8) -> Vec<u8> {
+        let mut prefix = host.map(|h| h.0.clone()).unwrap_or_default();
+        prefix.push(index);
+        prefix
+    }
+}
+
+impl std::str::FromStr for ServerId {
+    type Err = ServerIdError;
+
+    fn from_str(text: &str) -> Result<ServerId, ServerIdError> {
+        let bad = || ServerIdError::Hex(text.to_string());
+        let digits = text.strip_prefix("0x").unwrap_or(text);
+        if digits.is_empty()
+            || !digits.len().is_multiple_of(2)
+            || digits.len() / 2 > MAX_HOST_SERVER_ID_LEN
+        {
+            return Err(bad());
+        }
+        let octets = (0..digits.len())
+            .step_by(2)
+            .map(|i| {
+                u8::from_str_radix(digits.get(i..i + 2).ok_or_else(bad)?, 16).map_err(|_| bad())
+            })
+            .collect::<Result<Vec<u8>, _>>()?;
+        ServerId::new(&octets)
+    }
+}
+
+impl std::fmt::Display for ServerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
 }
 
 /// Issues connection IDs that start with this agent's server id.
@@ -98,11 +175,16 @@ impl ConnectionIdGenerator for ServerIdCidGenerator {
     }
 }
 
-/// What a router does with a short-header packet's destination connection ID:
-/// the config rotation and the server id, for a configuration whose server ids
-/// are `server_id_len` octets. None for IDs it cannot route (too short, the
-/// unroutable codepoint, or a length that does not match), which go to the
-/// 4-tuple hash instead (draft §4).
+/// What a router configured for `server_id_len`-octet server ids reads from a
+/// destination connection ID (`cid`: the ID, or everything after a short
+/// header's first octet, whose ID length the first octet self-describes):
+/// the config rotation and the server id. Draft "Load Balancer Actions": it
+/// "extracts consecutive octets, beginning with the second octet"; whatever
+/// follows is nonce to it (also a worker octet it does not use). None for
+/// IDs it cannot route (the unroutable codepoint 0b111, a self-described
+/// length too short for the server id and a 4-octet nonce, or fewer octets
+/// than described), which go to the 4-tuple fallback instead (draft
+/// "Unroutable Connection IDs").
 pub fn route(cid: &[u8], server_id_len: usize) -> Option<(u8, &[u8])> {
     let first = *cid.first()?;
     let rotation = first >> 5;
@@ -110,7 +192,7 @@ pub fn route(cid: &[u8], server_id_len: usize) -> Option<(u8, &[u8])> {
         return None;
     }
     let len = (first & 0x1f) as usize + 1;
-    if len != 1 + server_id_len + KEYED_LEN || cid.len() < len {
+    if len < 1 + server_id_len + MIN_NONCE_LEN || cid.len() < len {
         return None;
     }
     Some((rotation, &cid[1..1 + server_id_len]))
@@ -151,8 +233,14 @@ mod tests {
         let mut g = ServerIdCidGenerator::new(0, &[7], 1).unwrap();
         let cid = g.generate_cid();
         assert_eq!(route(&cid, 1), Some((0, &[7][..])));
-        // Configured for another server id length: the length octet disagrees.
-        assert_eq!(route(&cid, 2), None);
+        // A balancer configured for a shorter server id than the prefix reads
+        // the rest as nonce (a host's worker octet).
+        let mut worker = ServerIdCidGenerator::new(0, &[0x0a, 3], 1).unwrap();
+        let cid2 = worker.generate_cid();
+        assert_eq!(route(&cid2, 1), Some((0, &[0x0a][..])));
+        assert_eq!(route(&cid2, 2), Some((0, &[0x0a, 3][..])));
+        // No room for a 4-octet nonce after the server id it expects.
+        assert_eq!(route(&cid, 6), None);
         // Unroutable codepoint, truncated, empty.
         let mut unroutable = cid.to_vec();
         unroutable[0] |= 0b111 << 5;
@@ -175,6 +263,36 @@ mod tests {
             ServerIdCidGenerator::new(7, &[1], 1).err(),
             Some(ServerIdError::Rotation(7))
         );
+        for bad in [
+            "",
+            "0",
+            "0g",
+            "zz",
+            "0x",
+            &"ab".repeat(MAX_HOST_SERVER_ID_LEN + 1),
+        ] {
+            assert_eq!(
+                bad.parse::<ServerId>().err(),
+                Some(ServerIdError::Hex(bad.to_string())),
+                "{bad:?}"
+            );
+        }
+        let id: ServerId = "0x0A01".parse().unwrap();
+        assert_eq!(id.as_bytes(), &[0x0a, 0x01]);
+        assert_eq!(id.to_string(), "0a01");
+        assert_eq!(ServerId::prefix(Some(&id), 3), vec![0x0a, 0x01, 3]);
+        assert_eq!(ServerId::prefix(None, 3), vec![3]);
+        // The longest host server id and the worker octet fill a 20-octet ID.
+        let longest = ServerId::new(&[9; MAX_HOST_SERVER_ID_LEN]).unwrap();
+        let prefix = ServerId::prefix(Some(&longest), 0);
+        assert_eq!(
+            ServerIdCidGenerator::new(0, &prefix, 1)
+                .unwrap()
+                .generate_cid()
+                .len(),
+            20
+        );
+        assert!(ServerId::new(&[9; MAX_SERVER_ID_LEN]).is_err());
         // The longest server id fills a 20-octet ID.
         let mut g = ServerIdCidGenerator::new(6, &[9; MAX_SERVER_ID_LEN], 1).unwrap();
         assert_eq!(g.generate_cid().len(), 20);

@@ -48,6 +48,7 @@ pub fn controller_config(pki: &Pki, services: &[String]) -> ControllerConfig {
         relaxed_flow_mods: false,
         session_store: None,
         max_handshakes: quicsdn_agent::admission::DEFAULT_MAX_HANDSHAKES,
+        server_id: None,
         common: common(pki.files("ctl"), services),
     }
 }

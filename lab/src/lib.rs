@@ -23,12 +23,14 @@
 //! * [`process`], [`wait`], [`cmd`]: processes by recorded PID, bounded
 //!   polling, running tools with useful errors;
 //! * [`demo`]: the same workload over `tcp` and `quic`, side by side;
-//! * [`bench`]: benchmark commands (they print numbers; tests never time things).
+//! * [`bench`]: benchmark commands (they print numbers; tests never time things);
+//! * [`balancer`]: a QUIC-LB load balancer in front of several controller agents.
 //!
 //! Everything here needs root.
 
 pub mod agent_metrics;
 pub mod agents;
+pub mod balancer;
 pub mod bench;
 pub mod cmd;
 pub mod control_link;

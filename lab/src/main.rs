@@ -52,6 +52,10 @@ enum Command {
     /// The bicast paper's multihomed lab (two emulated paths, OVS group of type
     /// ALL, an HTTP server, the QUIC proxy pair): `multihomed up|down|status`.
     Multihomed(quicsdn_lab::multihomed_cmd::MultihomedArgs),
+    /// A QUIC-LB load balancer in front of several controller agents (each with
+    /// its own `--server-id`): routes by the server id in the connection IDs,
+    /// else by the switch's address (docs/scale.md).
+    Balance(quicsdn_lab::balancer::BalanceArgs),
     /// Run a benchmark (prints numbers; needs release builds for meaningful ones).
     #[command(subcommand)]
     Bench(Bench),
@@ -264,6 +268,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(Bench::Reconnect(a)) => quicsdn_lab::bench::reconnect::run(a)?,
         Command::Bench(Bench::Sdudp(a)) => quicsdn_lab::bench::sdudp::run(a)?,
         Command::Emulate(a) => emulator::cli::emulate(a)?,
+        Command::Balance(a) => quicsdn_lab::balancer::run(a)?,
         Command::Demo(a) => quicsdn_lab::demo::run(a)?,
         Command::Model(a) => quicsdn_lab::bench::modelcmd::run(a)?,
         Command::Report(a) => quicsdn_lab::bench::report::run(a)?,

@@ -30,14 +30,21 @@ pub struct ProcRecord {
 
 /// `(state, start_time)` of a live PID, from `/proc/PID/stat`.
 fn stat(pid: u32) -> Option<(char, u64)> {
+    stat_with_parent(pid).map(|(state, start, _)| (state, start))
+}
+
+/// `(state, start_time, parent PID)` of a live PID, from `/proc/PID/stat`.
+fn stat_with_parent(pid: u32) -> Option<(char, u64, u32)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces and parentheses: split after the last ')'.
     let rest = &s[s.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    // fields[0] is field 3 (state); field 22 (starttime) is fields[19].
+    // fields[0] is field 3 (state), fields[1] field 4 (ppid); field 22
+    // (starttime) is fields[19].
     let state = fields.first()?.chars().next()?;
+    let parent = fields.get(1)?.parse().ok()?;
     let start = fields.get(19)?.parse().ok()?;
-    Some((state, start))
+    Some((state, start, parent))
 }
 
 impl ProcRecord {
@@ -106,6 +113,32 @@ impl ProcRecord {
             Duration::from_secs(5),
             || Ok((!self.is_alive()).then_some(())),
         )
+    }
+
+    /// The live children of this process (a supervisor's workers), recorded
+    /// so that they can be stopped should the supervisor not stop them.
+    pub fn children(&self) -> Vec<ProcRecord> {
+        if !self.is_alive() {
+            return Vec::new();
+        }
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            if let Some((state, start_time, parent)) = stat_with_parent(pid)
+                && parent == self.pid
+                && state != 'Z'
+            {
+                found.push(ProcRecord {
+                    name: format!("{} child {pid}", self.name),
+                    pid,
+                    start_time,
+                });
+            }
+        }
+        found.sort_by_key(|p| p.pid);
+        found
     }
 }
 

@@ -57,23 +57,10 @@ fn worker_switches(sock: &Path) -> anyhow::Result<BTreeSet<String>> {
 
 /// The supervisor's worker processes, by worker index (from their
 /// `QUICSDN_WORKER` environment).
-fn workers_of(supervisor: u32) -> Vec<(u8, u32)> {
+fn workers_of(supervisor: &ProcRecord) -> Vec<(u8, ProcRecord)> {
     let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.first() == Some(&"Z") || fields.get(1) != Some(&supervisor.to_string().as_str()) {
-            continue;
-        }
-        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    for child in supervisor.children() {
+        let env = std::fs::read(format!("/proc/{}/environ", child.pid)).unwrap_or_default();
         for var in env.split(|&b| b == 0) {
             if let Some(v) = var.strip_prefix(b"QUICSDN_WORKER=")
                 && let Some(i) = String::from_utf8_lossy(v)
@@ -81,11 +68,11 @@ fn workers_of(supervisor: u32) -> Vec<(u8, u32)> {
                     .next()
                     .and_then(|i| i.parse().ok())
             {
-                found.push((i, pid));
+                found.push((i, child.clone()));
             }
         }
     }
-    found.sort();
+    found.sort_by_key(|(i, _)| *i);
     found
 }
 
@@ -134,13 +121,10 @@ fn two_workers_share_a_port_and_a_killed_one_gets_its_switches_back() {
         run(&pki, &controller, port, &supervisor, &control_of, work)
     }));
     // The supervisor stops its workers on SIGTERM.
-    let workers = workers_of(supervisor.pid);
+    let workers = supervisor.children();
     supervisor.terminate(Duration::from_secs(10)).unwrap();
-    for (i, pid) in workers {
-        let w = ProcRecord::capture(format!("worker {i}"), pid);
-        if let Ok(w) = w {
-            let _ = w.kill();
-        }
+    for w in workers {
+        let _ = w.kill();
     }
     if let Err(e) = result {
         eprintln!(
@@ -235,13 +219,11 @@ fn run(
         "a worker exited before any was killed:\n{log}"
     );
 
-    let before = workers_of(supervisor.pid);
-    let (_, pid1) = *before.iter().find(|(i, _)| *i == 1).expect("worker 1");
+    let before = workers_of(supervisor);
+    let (_, worker1) = before.iter().find(|(i, _)| *i == 1).expect("worker 1");
+    let pid1 = worker1.pid;
     let t0 = controller.now();
-    ProcRecord::capture("worker 1", pid1)
-        .unwrap()
-        .kill()
-        .unwrap();
+    worker1.kill().unwrap();
     // Every switch of worker 1 back (a new OpenFlow handshake), all live.
     let dpid = |s: &str| s.trim_start_matches("sw").parse::<u64>().unwrap();
     let back = || -> BTreeSet<u64> {
@@ -279,9 +261,9 @@ fn run(
         "worker 0's switches were not to reconnect: {disturbed:?}"
     );
     // The supervisor started worker 1 again, and the switches are on either.
-    let after = workers_of(supervisor.pid);
+    let after = workers_of(supervisor);
     let new1 = after.iter().find(|(i, _)| *i == 1).expect("worker 1 again");
-    assert_ne!(new1.1, pid1);
+    assert_ne!(new1.1.pid, pid1);
     poll_until("worker 1's control socket", Duration::from_secs(10), || {
         Ok(worker_switches(&control_of(1)).ok())
     })

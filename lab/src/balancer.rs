@@ -52,7 +52,7 @@ impl std::str::FromStr for Backend {
             format!("{text:?}: expected SERVER_ID=IP:PORT, e.g. 0a=192.0.2.1:6653")
         })?;
         Ok(Backend {
-            server_id: id.parse().with_context(|| format!("{text:?}"))?,
+            server_id: id.parse().map_err(|e| anyhow::anyhow!("{text:?}: {e}"))?,
             addr: addr
                 .parse()
                 .with_context(|| format!("{text:?}: {addr:?} is not IP:PORT"))?,

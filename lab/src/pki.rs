@@ -60,6 +60,17 @@ impl Pki {
         CertPair { key, cert }
     }
 
+    /// The CA, certificate and key an agent named `name` is started with
+    /// (`--ca`, `--cert`, `--key`).
+    pub fn agent_files(&self, name: &str) -> quicsdn_transport::tls::TlsFiles {
+        let pair = self.pair(name);
+        quicsdn_transport::tls::TlsFiles {
+            ca: self.ca_cert(),
+            cert: pair.cert,
+            key: pair.key,
+        }
+    }
+
     /// Issues `NAME.key` + `NAME.crt` signed by the CA.
     pub fn issue(&self, name: &str) -> Result<CertPair> {
         pki::issue(&self.dir, name, &[], Validity::days(DAYS))

@@ -31,9 +31,7 @@ use quicsdn_lab::bench::storm::sim::{CountingController, Fleet, OvsTiming};
 use quicsdn_lab::pki::Pki;
 use quicsdn_lab::process::{ProcRecord, spawn_service};
 use quicsdn_lab::wait::poll_until;
-use quicsdn_transport::tls::TlsFiles;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -41,38 +39,6 @@ use std::time::Duration;
 
 const SWITCHES: usize = 8;
 const SERVER_IDS: [&str; 2] = ["0a", "0b"];
-
-fn tls(pki: &Pki, name: &str) -> TlsFiles {
-    let pair = pki.pair(name);
-    TlsFiles {
-        ca: pki.ca_cert(),
-        cert: pair.cert,
-        key: pair.key,
-    }
-}
-
-/// The switches connected to the agent with control socket `sock`, and the
-/// address each one's packets come from (the balancer's flow for it).
-fn agent_switches(sock: &Path) -> anyhow::Result<BTreeMap<String, String>> {
-    let mut s = std::os::unix::net::UnixStream::connect(sock)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    s.write_all(b"{\"cmd\":\"status\"}\n")?;
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line)?;
-    let v: serde_json::Value = serde_json::from_str(&line)?;
-    anyhow::ensure!(v["ok"] == true, "control socket: {v}");
-    Ok(v["connections"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| {
-            Some((
-                c["switch"].as_str()?.to_string(),
-                c["remote"].as_str().unwrap_or_default().to_string(),
-            ))
-        })
-        .collect())
-}
 
 /// A loopback UDP port nobody uses now whose address the balancer hashes to
 /// `backend`.
@@ -110,13 +76,13 @@ impl Host {
     fn switches(&self) -> anyhow::Result<BTreeMap<String, String>> {
         let mut all = BTreeMap::new();
         for c in self.controls() {
-            all.extend(agent_switches(&c)?);
+            all.extend(common::connected_switches(&c)?);
         }
         Ok(all)
     }
 
     fn start(&mut self, pki: &Pki, controller: SocketAddr, work: &Path, log: &Path) {
-        let ctl = tls(pki, "ctl");
+        let ctl = pki.agent_files("ctl");
         let mut c = Command::new(quicsdn_binary().unwrap());
         c.args(["--log-level=info", "controller"])
             .arg(format!("--listen=127.0.0.1:{}", self.port))
@@ -174,10 +140,7 @@ fn a_quic_lb_balancer_keeps_0rtt_and_migration_across_two_controller_agents() {
         .tempdir()
         .unwrap();
     let work = dir.path();
-    let pki = Pki::create(&work.join("pki")).unwrap();
-    for name in std::iter::once("ctl".to_string()).chain((1..=SWITCHES).map(|i| format!("sw{i}"))) {
-        pki.issue(&name).unwrap();
-    }
+    let pki = common::agents_pki(&work.join("pki"), SWITCHES);
     let controller = CountingController::start().unwrap();
     let mut hosts: Vec<Host> = SERVER_IDS
         .iter()
@@ -257,7 +220,7 @@ fn run(pki: &Pki, controller: &CountingController, hosts: &mut [Host], work: &Pa
             let sock = work.join(format!("{}.sock", name(i)));
             let services =
                 vec![ServiceConfig::parse(&format!("openflow=punix:{}", sock.display())).unwrap()];
-            let common = CommonConfig::new(tls(pki, &name(i)), services);
+            let common = CommonConfig::new(pki.agent_files(&name(i)), services);
             let config = SwitchConfig {
                 bind: Some(SocketAddr::from(([127, 0, 0, 1], *port))),
                 ..SwitchConfig::new(ControllerTarget::new(lb.addr().to_string(), "ctl"), common)
@@ -280,13 +243,7 @@ fn run(pki: &Pki, controller: &CountingController, hosts: &mut [Host], work: &Pa
         OvsTiming::default(),
     )
     .unwrap();
-    let all_live = |what: &str| {
-        poll_until(what, Duration::from_secs(60), || {
-            Ok((controller.live() >= SWITCHES).then_some(()))
-        })
-        .unwrap_or_else(|e| panic!("{e:#}: {} of {SWITCHES} live", controller.live()));
-    };
-    all_live("every switch's OpenFlow session");
+    common::wait_all_live(controller, SWITCHES, "every switch's OpenFlow session");
     let on = |h: &Host| h.switches().unwrap();
     let expected = |backend: usize| -> Vec<String> {
         (0..SWITCHES)

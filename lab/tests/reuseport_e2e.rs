@@ -20,39 +20,16 @@ use quicsdn_lab::bench::storm::sim::{CountingController, Fleet, OvsTiming};
 use quicsdn_lab::pki::Pki;
 use quicsdn_lab::process::{ProcRecord, spawn_service};
 use quicsdn_lab::wait::poll_until;
-use quicsdn_transport::tls::TlsFiles;
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 const SWITCHES: usize = 200;
 
-fn tls(pki: &Pki, name: &str) -> TlsFiles {
-    let pair = pki.pair(name);
-    TlsFiles {
-        ca: pki.ca_cert(),
-        cert: pair.cert,
-        key: pair.key,
-    }
-}
-
 /// The switches connected to the worker with control socket `sock`.
 fn worker_switches(sock: &Path) -> anyhow::Result<BTreeSet<String>> {
-    let mut s = std::os::unix::net::UnixStream::connect(sock)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    s.write_all(b"{\"cmd\":\"status\"}\n")?;
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line)?;
-    let v: serde_json::Value = serde_json::from_str(&line)?;
-    anyhow::ensure!(v["ok"] == true, "control socket: {v}");
-    Ok(v["connections"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c["switch"].as_str().map(str::to_string))
-        .collect())
+    Ok(common::connected_switches(sock)?.into_keys().collect())
 }
 
 /// The supervisor's worker processes, by worker index (from their
@@ -84,17 +61,14 @@ fn two_workers_share_a_port_and_a_killed_one_gets_its_switches_back() {
         .tempdir()
         .unwrap();
     let work = dir.path();
-    let pki = Pki::create(&work.join("pki")).unwrap();
-    for name in std::iter::once("ctl".to_string()).chain((1..=SWITCHES).map(|i| format!("sw{i}"))) {
-        pki.issue(&name).unwrap();
-    }
+    let pki = common::agents_pki(&work.join("pki"), SWITCHES);
     let controller = CountingController::start().unwrap();
     let port = std::net::UdpSocket::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let ctl = tls(&pki, "ctl");
+    let ctl = pki.agent_files("ctl");
     let control = work.join("ctl.sock");
     let control_of = |i: u8| PathBuf::from(format!("{}.{i}", control.display()));
     let log = work.join("ctl.log");
@@ -166,7 +140,7 @@ fn run(
                 .iter()
                 .map(|s| ServiceConfig::parse(s).unwrap())
                 .collect();
-                let common = CommonConfig::new(tls(pki, &format!("sw{i}")), services);
+                let common = CommonConfig::new(pki.agent_files(&format!("sw{i}")), services);
                 let config = SwitchConfig {
                     bind: Some("127.0.0.1:0".parse().unwrap()),
                     ..SwitchConfig::new(
@@ -194,13 +168,7 @@ fn run(
         OvsTiming::default(),
     )
     .unwrap();
-    let all_live = |what: &str| {
-        poll_until(what, Duration::from_secs(60), || {
-            Ok((controller.live() >= SWITCHES).then_some(()))
-        })
-        .unwrap_or_else(|e| panic!("{e:#}: {} of {SWITCHES} live", controller.live()));
-    };
-    all_live("every switch's OpenFlow session");
+    common::wait_all_live(controller, SWITCHES, "every switch's OpenFlow session");
     let on0 = worker_switches(&control_of(0)).unwrap();
     let on1 = worker_switches(&control_of(1)).unwrap();
     println!(

@@ -1088,35 +1088,18 @@ mod tests {
             e.contains("--server-id") && e.contains("hexadecimal"),
             "{e}"
         );
-        let file: FileConfig = toml::from_str("server-id = \"0b\"").unwrap();
-        let Command::Controller(args) = parse(&[
-            "controller",
-            "--ca=/a",
-            "--cert=/b",
-            "--key=/c",
-            "--service=openflow=tcp:127.0.0.1:6653",
-        ])
-        .command
-        else {
-            panic!()
+        let in_file = |text: &str| {
+            let file: FileConfig = toml::from_str(text).unwrap();
+            let mut a = vec!["controller", "--service=openflow=tcp:127.0.0.1:6653"];
+            a.extend(tls);
+            let Command::Controller(args) = parse(&a).command else {
+                panic!()
+            };
+            args.resolve(file)
         };
-        assert_eq!(
-            args.resolve(file).unwrap().server_id.unwrap().as_bytes(),
-            &[0x0b]
-        );
-        let file: FileConfig = toml::from_str("server-id = \"0\"").unwrap();
-        let Command::Controller(args) = parse(&[
-            "controller",
-            "--ca=/a",
-            "--cert=/b",
-            "--key=/c",
-            "--service=openflow=tcp:127.0.0.1:6653",
-        ])
-        .command
-        else {
-            panic!()
-        };
-        let e = args.resolve(file).unwrap_err().to_string();
+        let from_file = in_file("server-id = \"0b\"").unwrap().server_id.unwrap();
+        assert_eq!(from_file.as_bytes(), &[0x0b]);
+        let e = in_file("server-id = \"0\"").unwrap_err().to_string();
         assert!(e.contains("server-id") && e.contains("hexadecimal"), "{e}");
         let file: FileConfig = toml::from_str("server-id = \"0b\"").unwrap();
         let Command::Switch(args) = parse(&["switch", "--controller=c:1"]).command else {

@@ -264,13 +264,63 @@ pub fn exists(p: &Path) -> bool {
 
 /// An agent's answer to `status` on its control socket (`--control PATH`).
 pub fn control_status(socket: &Path) -> serde_json::Value {
+    try_control_status(socket).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// [`control_status`], or why not (the agent is not listening yet, …).
+pub fn try_control_status(socket: &Path) -> anyhow::Result<serde_json::Value> {
+    use anyhow::Context;
     use std::io::{BufRead, BufReader, Write};
     let mut s = std::os::unix::net::UnixStream::connect(socket)
-        .unwrap_or_else(|e| panic!("control socket {}: {e}", socket.display()));
-    writeln!(s, r#"{{"cmd":"status"}}"#).unwrap();
+        .with_context(|| format!("control socket {}", socket.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    writeln!(s, r#"{{"cmd":"status"}}"#)?;
     let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line).unwrap();
-    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    BufReader::new(&s).read_line(&mut line)?;
+    serde_json::from_str(&line).with_context(|| format!("control socket status: {line:?}"))
+}
+
+/// A throw-away PKI in `dir` with certificates for a controller agent `ctl`
+/// and switch agents `sw1`..=`swN`.
+pub fn agents_pki(dir: &Path, switches: usize) -> quicsdn_lab::pki::Pki {
+    let pki = quicsdn_lab::pki::Pki::create(dir).unwrap();
+    for name in std::iter::once("ctl".to_string()).chain((1..=switches).map(|i| format!("sw{i}"))) {
+        pki.issue(&name).unwrap();
+    }
+    pki
+}
+
+/// Waits until the counting controller has an OpenFlow session from each of
+/// `switches` switches.
+pub fn wait_all_live(
+    controller: &quicsdn_lab::bench::storm::sim::CountingController,
+    switches: usize,
+    what: &str,
+) {
+    quicsdn_lab::wait::poll_until(what, Duration::from_secs(60), || {
+        Ok((controller.live() >= switches).then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}: {} of {switches} live", controller.live()));
+}
+
+/// The switches connected to the controller agent with control socket
+/// `socket`, each with the address its packets come from there.
+pub fn connected_switches(
+    socket: &Path,
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    let v = try_control_status(socket)?;
+    anyhow::ensure!(v["ok"] == true, "control socket: {v}");
+    Ok(v["connections"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            Some((
+                c["switch"].as_str()?.to_string(),
+                c["remote"].as_str().unwrap_or_default().to_string(),
+            ))
+        })
+        .collect())
 }
 
 /// Column `name` of a bench CSV row, as a number.

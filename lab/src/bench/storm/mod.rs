@@ -42,7 +42,6 @@ use anyhow::{Context, Result, anyhow, bail};
 use quicsdn_agent::admission::{DEFAULT_MAX_HANDSHAKES, DEFAULT_RECONNECT_JITTER};
 use quicsdn_agent::controller::Worker;
 use quicsdn_agent::{CommonConfig, ControllerTarget, ServiceConfig, SwitchAgent, SwitchConfig};
-use quicsdn_transport::tls::TlsFiles;
 
 use crate::agents::quicsdn_binary;
 use crate::bench::out::{self, Csv};
@@ -579,15 +578,6 @@ fn switch_services(work: &Path, i: usize, cfg: &StormConfig) -> Vec<String> {
     v
 }
 
-fn tls_of(pki: &Pki, name: &str) -> TlsFiles {
-    let pair = pki.pair(name);
-    TlsFiles {
-        ca: pki.ca_cert(),
-        cert: pair.cert,
-        key: pair.key,
-    }
-}
-
 /// Switch `i`'s agent, towards the controller agent on `port`.
 fn switch_config(
     work: &Path,
@@ -600,7 +590,7 @@ fn switch_config(
         .iter()
         .map(|s| ServiceConfig::parse(s))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut common = CommonConfig::new(tls_of(pki, &format!("sw{i}")), services);
+    let mut common = CommonConfig::new(pki.agent_files(&format!("sw{i}")), services);
     common.quic.zero_rtt = cfg.zero_rtt;
     Ok(SwitchConfig {
         bind: Some("127.0.0.1:0".parse().expect("address")),
@@ -782,10 +772,6 @@ impl Bench {
         self.work.join("ctl.sock")
     }
 
-    fn tls(&self, name: &str) -> TlsFiles {
-        tls_of(&self.pki, name)
-    }
-
     /// Starts a controller agent and waits until it listens (its control
     /// socket exists once its QUIC endpoint is bound).
     fn spawn_controller(&self, cfg: &StormConfig, generation: u32) -> Result<CtlAgent> {
@@ -796,7 +782,7 @@ impl Bench {
         for s in &sockets {
             let _ = std::fs::remove_file(s);
         }
-        let tls = self.tls("ctl");
+        let tls = self.pki.agent_files("ctl");
         let mut c = Command::new(&self.binary);
         c.arg(agent_log_level())
             .arg("controller")
@@ -881,7 +867,7 @@ impl Bench {
     /// memory can be read, and waits until it listens for OVS.
     fn spawn_switch(&self, i: usize, cfg: &StormConfig) -> Result<ProcRecord> {
         let log = self.work.join(format!("sw{i}-{}.log", cfg.name));
-        let tls = self.tls(&format!("sw{i}"));
+        let tls = self.pki.agent_files(&format!("sw{i}"));
         let sock = self.work.join(format!("sw{i}.sock"));
         let _ = std::fs::remove_file(&sock);
         let mut c = Command::new(&self.binary);

@@ -611,6 +611,7 @@ pub struct FileConfig {
     pub relaxed_flow_mods: Option<bool>,
     pub session_store: Option<PathBuf>,
     pub max_handshakes: Option<usize>,
+    pub workers: Option<u16>,
     pub server_id: Option<String>,
 }
 
@@ -804,11 +805,12 @@ impl SwitchArgs {
             || file.relaxed_flow_mods.is_some()
             || file.session_store.is_some()
             || file.max_handshakes.is_some()
+            || file.workers.is_some()
             || file.server_id.is_some()
         {
             bail!(
-                "`listen`, `relaxed-flow-mods`, `session-store`, `max-handshakes` and `server-id` \
-                 are controller agent settings"
+                "`listen`, `relaxed-flow-mods`, `session-store`, `max-handshakes`, `workers` and \
+                 `server-id` are controller agent settings"
             );
         }
         let addrs = if self.controller.is_empty() {
@@ -878,6 +880,18 @@ impl SwitchArgs {
 }
 
 impl ControllerArgs {
+    /// `--workers`, or `workers` in the file (the flag wins); None for one
+    /// process.
+    pub fn workers(&self, file: &FileConfig) -> Result<Option<u16>> {
+        match (self.workers, file.workers) {
+            (Some(n), _) => Ok(Some(n)),
+            (None, Some(n)) if !(1..=256).contains(&n) => {
+                bail!("workers: 1 to 256 worker processes, not {n}")
+            }
+            (None, n) => Ok(n),
+        }
+    }
+
     pub fn resolve(self, mut file: FileConfig) -> Result<ControllerConfig> {
         if file.controller.is_some()
             || file.switch_name.is_some()
@@ -1097,6 +1111,20 @@ mod tests {
             };
             args.resolve(file)
         };
+        // `workers` from the file too (the flag wins), range checked.
+        let workers = |flags: &[&str], text: &str| {
+            let mut a = vec!["controller"];
+            a.extend(flags);
+            let Command::Controller(args) = parse(&a).command else {
+                panic!()
+            };
+            args.workers(&toml::from_str(text).unwrap())
+        };
+        assert_eq!(workers(&[], "").unwrap(), None);
+        assert_eq!(workers(&[], "workers = 2").unwrap(), Some(2));
+        assert_eq!(workers(&["--workers=3"], "workers = 2").unwrap(), Some(3));
+        let e = workers(&[], "workers = 0").unwrap_err().to_string();
+        assert!(e.contains("1 to 256"), "{e}");
         let from_file = in_file("server-id = \"0b\"").unwrap().server_id.unwrap();
         assert_eq!(from_file.as_bytes(), &[0x0b]);
         let e = in_file("server-id = \"0\"").unwrap_err().to_string();

@@ -38,9 +38,16 @@ pub fn run(args: CheckConfigArgs) -> Result<()> {
             (c.common, s)
         }
         Command::Controller(a) => {
+            let workers = a.workers(&file).with_context(|| path.clone())?;
             let c = a.resolve(file).with_context(|| path.clone())?;
             c.validate().with_context(|| path.clone())?;
-            let s = format!("controller agent: listens on UDP {}", c.listen);
+            let mut s = format!("controller agent: listens on UDP {}", c.listen);
+            if let Some(n) = workers.filter(|&n| n > 1) {
+                s += &format!(", {n} worker processes");
+            }
+            if let Some(id) = &c.server_id {
+                s += &format!(", server id {id}");
+            }
             (c.common, s)
         }
         _ => unreachable!("parsed as an agent command"),

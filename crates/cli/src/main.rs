@@ -97,7 +97,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Controller(args) => {
             let file = FileConfig::load(args.common.quic.config.as_deref())?;
             log_level(&file)?;
-            let workers = args.workers;
+            let workers = args.workers(&file)?;
             let mut config = args.resolve(file)?;
             if !matches!(config.common.transport, AgentTransport::Quic) {
                 if workers.is_some() {

@@ -33,6 +33,11 @@ use tokio::task::JoinHandle;
 /// forgotten; QUIC's keep-alives and OVS's echo keep live ones busy.
 pub const FLOW_IDLE: Duration = Duration::from_secs(60);
 
+/// Switch addresses with a flow at once: each holds a socket, so a sender
+/// spraying source addresses must not take every file descriptor. Datagrams
+/// from further new addresses are dropped until flows expire.
+pub const MAX_FLOWS: usize = 16_384;
+
 /// The largest UDP payload forwarded (QUIC's datagrams are far smaller).
 const MAX_DATAGRAM: usize = 65_535;
 
@@ -175,7 +180,8 @@ fn destination_cid(datagram: &[u8]) -> Option<&[u8]> {
     datagram.get(6..6 + len)
 }
 
-/// Datagrams forwarded to one backend, by how they were routed.
+/// Datagrams forwarded to one backend, by how they were routed (not those
+/// dropped for want of a flow).
 #[derive(Debug, Default)]
 pub struct BackendCounts {
     pub by_server_id: AtomicU64,
@@ -208,6 +214,15 @@ impl Drop for Balancer {
 impl Balancer {
     /// Listens on `listen` and forwards to the router's backends.
     pub async fn start(listen: SocketAddr, router: Router) -> Result<Balancer> {
+        Balancer::start_limited(listen, router, MAX_FLOWS).await
+    }
+
+    /// [`Balancer::start`] with at most `max_flows` switch addresses at once.
+    pub async fn start_limited(
+        listen: SocketAddr,
+        router: Router,
+        max_flows: usize,
+    ) -> Result<Balancer> {
         let front = Arc::new(
             UdpSocket::bind(listen)
                 .await
@@ -226,6 +241,7 @@ impl Balancer {
             router.clone(),
             counts.clone(),
             flows.clone(),
+            max_flows,
         ));
         Ok(Balancer {
             addr,
@@ -265,8 +281,10 @@ async fn forward(
     router: Arc<Router>,
     counts: Arc<Vec<BackendCounts>>,
     flows: Arc<Mutex<HashMap<SocketAddr, Flow>>>,
+    max_flows: usize,
 ) {
     let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut failing = false;
     loop {
         let (n, from) = match front.recv_from(&mut buf).await {
             Ok(r) => r,
@@ -274,17 +292,24 @@ async fn forward(
             Err(_) => continue,
         };
         let route = router.route(&buf[..n], from);
+        let upstream = match flow_for(&front, &flows, &router, from, max_flows).await {
+            Ok(u) => {
+                failing = false;
+                u
+            }
+            Err(e) => {
+                // Once per run of failures, not once per datagram.
+                if !failing {
+                    eprintln!("balancer: no upstream socket for switch {from}: {e:#}");
+                }
+                failing = true;
+                continue;
+            }
+        };
         let c = &counts[route.backend];
         match route.by {
             By::ServerId => c.by_server_id.fetch_add(1, Ordering::Relaxed),
             By::Address => c.by_address.fetch_add(1, Ordering::Relaxed),
-        };
-        let upstream = match flow_for(&front, &flows, &router, from).await {
-            Ok(u) => u,
-            Err(e) => {
-                eprintln!("balancer: no upstream socket for switch {from}: {e:#}");
-                continue;
-            }
         };
         // A backend that is down drops it, as on a real network.
         let _ = upstream
@@ -300,9 +325,16 @@ async fn flow_for(
     flows: &Arc<Mutex<HashMap<SocketAddr, Flow>>>,
     router: &Arc<Router>,
     from: SocketAddr,
+    max_flows: usize,
 ) -> Result<Arc<UdpSocket>> {
-    if let Some(f) = flows.lock().expect("flows").get(&from) {
-        return Ok(f.upstream.clone());
+    {
+        let flows = flows.lock().expect("flows");
+        if let Some(f) = flows.get(&from) {
+            return Ok(f.upstream.clone());
+        }
+        if flows.len() >= max_flows {
+            bail!("{max_flows} switch addresses have a flow already; dropped");
+        }
     }
     let local = SocketAddr::new(front.local_addr()?.ip(), 0);
     let upstream = Arc::new(UdpSocket::bind(local).await?);
@@ -591,5 +623,39 @@ mod tests {
             assert_eq!((&buf[..n], back_from), (&b"answer"[..], lb.addr()));
         }
         assert_eq!(lb.flows(), 1, "one switch address, one flow");
+    }
+
+    /// The next datagram `agent` receives (within 5 s).
+    async fn received(agent: &UdpSocket) -> Vec<u8> {
+        let mut buf = [0u8; 64];
+        let (n, _) = tokio::time::timeout(Duration::from_secs(5), agent.recv_from(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        buf[..n].to_vec()
+    }
+
+    #[tokio::test]
+    async fn switch_addresses_beyond_the_flow_limit_are_dropped_not_fatal() {
+        let agent = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let router = Router::new(vec![Backend {
+            server_id: ServerId::new(&[0x0a]).unwrap(),
+            addr: agent.local_addr().unwrap(),
+        }])
+        .unwrap();
+        let lb = Balancer::start_limited("127.0.0.1:0".parse().unwrap(), router, 1)
+            .await
+            .unwrap();
+        let first = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let second = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        first.send_to(b"one", lb.addr()).await.unwrap();
+        assert_eq!(received(&agent).await, b"one");
+        // The balancer handles datagrams in order: once "three" arrives,
+        // "two" (from a second address, past the limit) was dropped.
+        second.send_to(b"two", lb.addr()).await.unwrap();
+        first.send_to(b"three", lb.addr()).await.unwrap();
+        assert_eq!(received(&agent).await, b"three");
+        assert_eq!(lb.flows(), 1);
+        assert_eq!(lb.counts(0), (0, 2), "the dropped one is not counted");
     }
 }

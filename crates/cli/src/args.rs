@@ -541,7 +541,7 @@ pub struct ControllerArgs {
     /// Worker processes sharing the UDP port (SO_REUSEPORT), one per core to
     /// use: a supervisor opens the port and keeps one agent process per
     /// worker, steering every connection's packets to its worker by the
-    /// server id in its connection IDs, also after the switch's address
+    /// worker octet in its connection IDs, also after the switch's address
     /// changes. Each worker keeps its own sessions; `--session-store`,
     /// `--control` and a `--metrics` port get the worker index appended
     /// (`FILE.0`, port + index). See docs/scale.md. [default: 1, no supervisor]

@@ -30,6 +30,7 @@ pub mod reuseport;
 pub mod roster;
 pub mod rotation;
 pub mod shutdown;
+pub mod tapped;
 pub mod target;
 #[cfg(feature = "testing")]
 pub mod testing;

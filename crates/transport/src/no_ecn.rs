@@ -18,61 +18,22 @@
 //! outgoing datagram's codepoint is cleared before sending, and the codepoint
 //! read from an incoming datagram is dropped before quinn sees it.
 
-use std::fmt;
-use std::io::{self, IoSliceMut};
-use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
-
 use quinn::udp::{RecvMeta, Transmit};
-use quinn::{AsyncUdpSocket, UdpPoller};
 
-/// Wraps a runtime's socket; see the module documentation.
-pub struct NoEcn(pub Arc<dyn AsyncUdpSocket>);
+use crate::tapped::Tap;
 
-impl fmt::Debug for NoEcn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "NoEcn({:?})", self.0)
-    }
-}
+/// The tap that clears codepoints both ways (a
+/// [`crate::tapped::Tapped`] socket); see the module documentation.
+#[derive(Debug, Clone, Copy)]
+pub struct NoEcn;
 
-impl AsyncUdpSocket for NoEcn {
-    fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
-        self.0.clone().create_io_poller()
+impl Tap for NoEcn {
+    fn outgoing<'a>(&self, transmit: &Transmit<'a>) -> Option<Transmit<'a>> {
+        Some(without_ecn(transmit))
     }
 
-    fn try_send(&self, transmit: &Transmit) -> io::Result<()> {
-        self.0.try_send(&without_ecn(transmit))
-    }
-
-    fn poll_recv(
-        &self,
-        cx: &mut Context,
-        bufs: &mut [IoSliceMut<'_>],
-        meta: &mut [RecvMeta],
-    ) -> Poll<io::Result<usize>> {
-        let got = self.0.poll_recv(cx, bufs, meta);
-        if let Poll::Ready(Ok(n)) = got {
-            forget_ecn(&mut meta[..n]);
-        }
-        got
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.0.local_addr()
-    }
-
-    fn max_transmit_segments(&self) -> usize {
-        self.0.max_transmit_segments()
-    }
-
-    fn max_receive_segments(&self) -> usize {
-        self.0.max_receive_segments()
-    }
-
-    fn may_fragment(&self) -> bool {
-        self.0.may_fragment()
+    fn incoming(&self, _bufs: &[std::io::IoSliceMut<'_>], meta: &mut [RecvMeta]) {
+        forget_ecn(meta);
     }
 }
 
@@ -98,6 +59,7 @@ fn forget_ecn(meta: &mut [RecvMeta]) {
 mod tests {
     use super::*;
     use quinn::udp::EcnCodepoint;
+    use std::net::SocketAddr;
 
     #[test]
     fn outgoing_codepoint_is_cleared_and_nothing_else_changes() {

@@ -412,7 +412,10 @@ pub fn endpoint_socket(
     Ok(if ecn {
         socket
     } else {
-        Arc::new(crate::no_ecn::NoEcn(socket))
+        Arc::new(crate::tapped::Tapped {
+            inner: socket,
+            tap: crate::no_ecn::NoEcn,
+        })
     })
 }
 
@@ -602,9 +605,9 @@ pub fn server_endpoint_on(
     // resets them again.
     let roster = roster.map(|_| Arc::new(crate::roster::Roster::new(issued_len)));
     let udp = match &roster {
-        Some(roster) => Arc::new(crate::roster::RosterSocket {
+        Some(roster) => Arc::new(crate::tapped::Tapped {
             inner: endpoint_socket(socket, opts.ecn)?,
-            roster: roster.clone(),
+            tap: roster.clone(),
         }),
         None => endpoint_socket(socket, opts.ecn)?,
     };

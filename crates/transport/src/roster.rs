@@ -42,13 +42,11 @@ use std::fmt;
 use std::io::{self, IoSliceMut, Write};
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use quinn::udp::{RecvMeta, Transmit};
-use quinn::{AsyncUdpSocket, ConnectionId, UdpPoller};
+use quinn::ConnectionId;
+use quinn::udp::RecvMeta;
 
 /// How often the table is written when it changed.
 pub const ROUND: Duration = Duration::from_secs(2);
@@ -384,54 +382,11 @@ impl Predecessors {
     }
 }
 
-/// Feeds every datagram quinn receives to a [`Roster`] on its way.
-pub struct RosterSocket {
-    pub inner: Arc<dyn AsyncUdpSocket>,
-    pub roster: Arc<Roster>,
-}
-
-impl fmt::Debug for RosterSocket {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "RosterSocket({:?})", self.inner)
-    }
-}
-
-impl AsyncUdpSocket for RosterSocket {
-    fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
-        self.inner.clone().create_io_poller()
-    }
-
-    fn try_send(&self, transmit: &Transmit) -> io::Result<()> {
-        self.inner.try_send(transmit)
-    }
-
-    fn poll_recv(
-        &self,
-        cx: &mut Context,
-        bufs: &mut [IoSliceMut<'_>],
-        meta: &mut [RecvMeta],
-    ) -> Poll<io::Result<usize>> {
-        let got = self.inner.poll_recv(cx, bufs, meta);
-        if let Poll::Ready(Ok(n)) = got {
-            self.roster.observe(received(&bufs[..n], &meta[..n]));
-        }
-        got
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.inner.local_addr()
-    }
-
-    fn max_transmit_segments(&self) -> usize {
-        self.inner.max_transmit_segments()
-    }
-
-    fn max_receive_segments(&self) -> usize {
-        self.inner.max_receive_segments()
-    }
-
-    fn may_fragment(&self) -> bool {
-        self.inner.may_fragment()
+/// On a [`crate::tapped::Tapped`] socket, every datagram quinn receives is
+/// fed to the roster on its way.
+impl crate::tapped::Tap for Roster {
+    fn incoming(&self, bufs: &[IoSliceMut<'_>], meta: &mut [RecvMeta]) {
+        self.observe(received(bufs, meta));
     }
 }
 

@@ -31,6 +31,7 @@ fn storm_quick_every_switch_comes_back_and_handshakes_once_per_restart() {
         stop: Stop::Term,
         timeout: 60,
         threads: 2,
+        idle: None,
         no_plots: false,
         shard: None,
     })
@@ -117,6 +118,7 @@ fn storm_rejects_bad_arguments() {
         stop: Stop::Term,
         timeout: 60,
         threads: 2,
+        idle: None,
         no_plots: true,
         shard: None,
     };

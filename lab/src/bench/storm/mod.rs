@@ -101,6 +101,12 @@ pub struct StormArgs {
     /// Worker threads of the runtime hosting the switch agents.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
+    /// How long every switch stays connected and idle before the idle CPU
+    /// (averaged over this window) and memory are read, e.g. `5s` or `180s`:
+    /// some per-connection memory grows only with traffic over time
+    /// (keepalives). [default: 5s; 2s with --quick]
+    #[arg(long, value_parser = crate::control_link::parse_duration)]
+    pub idle: Option<Duration>,
     /// Skip the PNG plot.
     #[arg(long)]
     pub no_plots: bool,
@@ -531,7 +537,11 @@ pub fn run(args: StormArgs) -> Result<()> {
         switches,
         restarts,
         timeout: Duration::from_secs(args.timeout),
-        quick: args.quick,
+        idle: args.idle.unwrap_or(if args.quick {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_secs(5)
+        }),
         stop: args.stop,
     };
     let mut all_restarts = Vec::new();
@@ -707,7 +717,8 @@ struct Bench {
     switches: usize,
     restarts: u32,
     timeout: Duration,
-    quick: bool,
+    /// Connected and idle this long before the idle reading.
+    idle: Duration,
     stop: Stop,
 }
 
@@ -1028,11 +1039,7 @@ impl Bench {
             t.elapsed().as_secs_f64()
         );
         // Idle with every switch: CPU over a window, then memory.
-        let window = if self.quick {
-            Duration::from_secs(2)
-        } else {
-            Duration::from_secs(5)
-        };
+        let window = self.idle;
         let c0 = ctl.cpu_seconds();
         std::thread::sleep(window);
         let c1 = ctl.cpu_seconds();

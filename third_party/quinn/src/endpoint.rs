@@ -596,7 +596,7 @@ fn proto_ecn(ecn: udp::EcnCodepoint) -> proto::EcnCodepoint {
 #[derive(Debug)]
 struct ConnectionSet {
     /// Senders for communicating with the endpoint's connections
-    senders: FxHashMap<ConnectionHandle, mpsc::UnboundedSender<ConnectionEvent>>,
+    senders: FxHashMap<ConnectionHandle, crate::event_queue::EventSender<ConnectionEvent>>,
     /// Stored to give out clones to new ConnectionInners
     sender: mpsc::UnboundedSender<(ConnectionHandle, EndpointEvent)>,
     /// Set if the endpoint has been manually closed
@@ -611,13 +611,12 @@ impl ConnectionSet {
         socket: Arc<dyn AsyncUdpSocket>,
         runtime: Arc<dyn Runtime>,
     ) -> Connecting {
-        let (send, recv) = mpsc::unbounded_channel();
+        let (send, recv) = crate::event_queue::event_queue();
         if let Some((error_code, ref reason)) = self.close {
-            send.send(ConnectionEvent::Close {
+            let _ = send.send(ConnectionEvent::Close {
                 error_code,
                 reason: reason.clone(),
-            })
-            .unwrap();
+            });
         }
         self.senders.insert(handle, send);
         Connecting::new(handle, conn, self.sender.clone(), recv, socket, runtime)

@@ -45,6 +45,7 @@ use std::sync::Arc;
 
 mod connection;
 mod endpoint;
+mod event_queue;
 mod incoming;
 mod mutex;
 mod recv_stream;

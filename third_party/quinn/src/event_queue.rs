@@ -3,13 +3,17 @@
 //! quicsdn patch: upstream uses a tokio unbounded channel here. That channel
 //! allocates blocks of 32 events (about 6.3 KiB for `ConnectionEvent`) and
 //! keeps every block it ever needed for recycling, so each connection holds
-//! one to four such blocks for its whole life, idle or not. This queue holds
-//! no memory while it is empty, which is what an idle connection's queue is
-//! almost always.
+//! one to four such blocks for its whole life, idle or not. This queue keeps
+//! at most a few slots once it is empty, which is what an idle connection's
+//! queue is almost always.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
+
+/// Slots a drained queue keeps: `VecDeque`'s first allocation for elements
+/// of this size (4 `ConnectionEvent`s, under 1 KiB).
+const KEPT_SLOTS: usize = 4;
 
 struct Shared<T> {
     events: VecDeque<T>,
@@ -93,9 +97,12 @@ impl<T> EventReceiver<T> {
         if let Some(event) = shared.events.pop_front() {
             return Poll::Ready(Some(event));
         }
-        // Drained: give back what a burst made the queue allocate.
-        if shared.events.capacity() > 0 {
-            shared.events = VecDeque::new();
+        // Drained: give back what a burst made the queue allocate, but keep
+        // the first allocation's few slots, so that a busy connection whose
+        // queue drains at every wake-up does not allocate at every datagram
+        // (`bench relay`: about 7 % fewer messages per second without them).
+        if shared.events.capacity() > KEPT_SLOTS {
+            shared.events = VecDeque::with_capacity(KEPT_SLOTS);
         }
         if !shared.sender_alive {
             return Poll::Ready(None);
@@ -135,7 +142,8 @@ mod tests {
             assert_eq!(rx.poll_recv(&mut cx), Poll::Ready(Some(i)));
         }
         assert!(rx.poll_recv(&mut cx).is_pending());
-        assert_eq!(rx.shared.lock().unwrap().events.capacity(), 0);
+        // What the burst of 100 allocated is given back.
+        assert!(rx.shared.lock().unwrap().events.capacity() <= KEPT_SLOTS);
         tx.send(7).unwrap();
         drop(tx);
         assert_eq!(rx.poll_recv(&mut cx), Poll::Ready(Some(7)));

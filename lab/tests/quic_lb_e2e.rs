@@ -243,7 +243,13 @@ fn run(pki: &Pki, controller: &CountingController, hosts: &mut [Host], work: &Pa
         OvsTiming::default(),
     )
     .unwrap();
-    common::wait_all_live(controller, SWITCHES, "every switch's OpenFlow session");
+    controller
+        .wait_live(
+            SWITCHES,
+            "every switch's OpenFlow session",
+            Duration::from_secs(60),
+        )
+        .unwrap();
     let on = |h: &Host| h.switches().unwrap();
     let expected = |backend: usize| -> Vec<String> {
         (0..SWITCHES)

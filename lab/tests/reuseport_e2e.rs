@@ -168,7 +168,13 @@ fn run(
         OvsTiming::default(),
     )
     .unwrap();
-    common::wait_all_live(controller, SWITCHES, "every switch's OpenFlow session");
+    controller
+        .wait_live(
+            SWITCHES,
+            "every switch's OpenFlow session",
+            Duration::from_secs(60),
+        )
+        .unwrap();
     let on0 = worker_switches(&control_of(0)).unwrap();
     let on1 = worker_switches(&control_of(1)).unwrap();
     println!(

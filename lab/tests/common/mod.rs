@@ -290,19 +290,6 @@ pub fn agents_pki(dir: &Path, switches: usize) -> quicsdn_lab::pki::Pki {
     pki
 }
 
-/// Waits until the counting controller has an OpenFlow session from each of
-/// `switches` switches.
-pub fn wait_all_live(
-    controller: &quicsdn_lab::bench::storm::sim::CountingController,
-    switches: usize,
-    what: &str,
-) {
-    quicsdn_lab::wait::poll_until(what, Duration::from_secs(60), || {
-        Ok((controller.live() >= switches).then_some(()))
-    })
-    .unwrap_or_else(|e| panic!("{e:#}: {} of {switches} live", controller.live()));
-}
-
 /// The switches connected to the controller agent with control socket
 /// `socket`, each with the address its packets come from there.
 pub fn connected_switches(

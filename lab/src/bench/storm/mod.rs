@@ -1014,11 +1014,8 @@ impl Bench {
     }
 
     fn wait_all_live(&self, limit: Duration) -> Result<()> {
-        let n = self.switches;
-        poll_until("every switch to be connected", limit, || {
-            Ok((self.controller.live() >= n).then_some(()))
-        })
-        .with_context(|| format!("{} of {n} switches connected", self.controller.live()))
+        self.controller
+            .wait_live(self.switches, "every switch to be connected", limit)
     }
 
     fn measure(

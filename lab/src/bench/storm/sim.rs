@@ -129,6 +129,12 @@ impl CountingController {
     pub fn live(&self) -> usize {
         lock(&self.counts.live).values().filter(|&&n| n > 0).count()
     }
+
+    /// Waits up to `limit` until at least `switches` datapaths are live.
+    pub fn wait_live(&self, switches: usize, what: &str, limit: Duration) -> Result<()> {
+        crate::wait::poll_until(what, limit, || Ok((self.live() >= switches).then_some(())))
+            .with_context(|| format!("{} of {switches} switches live", self.live()))
+    }
 }
 
 impl Drop for CountingController {

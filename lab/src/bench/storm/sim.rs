@@ -334,6 +334,11 @@ async fn attempt(
     // S_CONNECTING: until the peer's HELLO.
     match tokio::time::timeout(hello_wait, c.recv()).await {
         Err(_) => {
+            tracing::info!(
+                dpid,
+                wait_ms = hello_wait.as_millis() as u64,
+                "simulated OVS: no HELLO in time"
+            );
             stats.hello_timeouts.fetch_add(1, Ordering::Relaxed);
             backoff.attempt_failed();
             return;
@@ -348,6 +353,7 @@ async fn attempt(
     loop {
         let until = match probe.poll(Instant::now()) {
             ProbeAction::Drop => {
+                tracing::info!(dpid, "simulated OVS: no response to inactivity probe");
                 stats.probe_timeouts.fetch_add(1, Ordering::Relaxed);
                 return;
             }

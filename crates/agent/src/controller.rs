@@ -31,7 +31,7 @@ use quinn::{Endpoint, VarInt};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, watch};
 use tokio::task::{JoinHandle, JoinSet};
@@ -149,6 +149,9 @@ struct Inner {
     sessions: Arc<SessionStore>,
     /// Connection attempts left unanswered while stopping.
     unanswered: AtomicU64,
+    /// Set when a stop begins, before any connection is closed: from then
+    /// on the accept loop admits nothing (why: [`ControllerAgent::stop_serving`]).
+    stopping: AtomicBool,
 }
 
 /// A running controller agent.
@@ -257,6 +260,7 @@ impl ControllerAgent {
             server_config: std::sync::Mutex::new(server_config),
             sessions,
             unanswered: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
         });
         let shutdown = Shutdown::new();
         let (rotation, rotating) = rotation::task(
@@ -432,6 +436,16 @@ impl ControllerAgent {
     /// there were.
     async fn stop_serving(&self) -> (Instant, usize) {
         let started = Instant::now();
+        // Admit nothing from here on, *before* the first close goes out: a
+        // switch agent reconnects the moment it reads our close, and an
+        // attempt admitted now would be closed mid-handshake by the endpoint's
+        // close below. Closed before its handshake completed, an attempt
+        // looks like a refusal of the switch (RFC 9000 §10.2.3 hides the
+        // code), so its switch agent stops answering OVS's HELLO in the
+        // controller's stead (crate::stand_in) and OVS's 1 s HELLO wait
+        // expires (44 switches in one 10,000-switch restart, 2026-12-01).
+        // Unanswered, the attempt's Initial is sent again to our successor.
+        self.inner.stopping.store(true, Ordering::Relaxed);
         let connections = self.inner.endpoint.open_connections();
         let links: Vec<Arc<Link>> = self
             .inner
@@ -446,7 +460,7 @@ impl ControllerAgent {
                 .close(VarInt::from_u32(code::SHUTDOWN), SHUTDOWN_REASON);
         }
         drop(links);
-        // The accept loop stops admitting and ignores attempts from now on.
+        // The accept loop ends; attempts stay unanswered.
         self.shutdown.trigger();
         // RFC 9000 §10.2.1: a closing endpoint answers late packets with
         // another CONNECTION_CLOSE, for a close that was lost. Not the full
@@ -602,10 +616,13 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
     loop {
         tokio::select! {
             incoming = inner.endpoint.accept() => match incoming {
-                // Stopping (both branches may be ready at once): not admitted.
-                Some(incoming) if shutdown.is_triggered() => {
+                // Stopping (also when both branches are ready at once): not
+                // admitted.
+                Some(incoming) if inner.stopping.load(Ordering::Relaxed) => {
                     leave_unanswered(&inner, incoming);
-                    break;
+                    if shutdown.is_triggered() {
+                        break;
+                    }
                 }
                 // Handshake admission control (crate::admission): over the
                 // limit, wait for a permit, returning switches first; refuse
@@ -631,7 +648,7 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
                 None => break,
             },
             _ = inner.admission.freed(), if !waiting.is_empty() => {
-                while !waiting.is_empty() && !shutdown.is_triggered() {
+                while !waiting.is_empty() && !inner.stopping.load(Ordering::Relaxed) {
                     let Some(permit) = inner.admission.try_admit() else { break };
                     match waiting.pop(Instant::now(), refuse) {
                         Some(incoming) => {

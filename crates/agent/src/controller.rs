@@ -440,8 +440,11 @@ impl ControllerAgent {
         // switch agent reconnects the moment it reads our close, and an
         // attempt admitted now would be closed mid-handshake by the endpoint's
         // close below. Closed before its handshake completed, an attempt
-        // looks like a refusal of the switch (RFC 9000 §10.2.3 hides the
-        // code), so its switch agent stops answering OVS's HELLO in the
+        // looks like a refusal of the switch: RFC 9000 §10.2.3, "A
+        // CONNECTION_CLOSE of type 0x1d MUST be replaced by a
+        // CONNECTION_CLOSE of type 0x1c when sending the frame in Initial or
+        // Handshake packets", with the code APPLICATION_ERROR and no reason.
+        // Its switch agent then stops answering OVS's HELLO in the
         // controller's stead (crate::stand_in) and OVS's 1 s HELLO wait
         // expires (44 switches in one 10,000-switch restart, 2026-12-01).
         // Unanswered, the attempt's Initial is sent again to our successor.

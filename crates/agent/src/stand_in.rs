@@ -95,7 +95,11 @@ impl Verdict {
                 }
                 // Closed before the handshake completed (a TLS refusal of our
                 // certificate, a version mismatch): it may answer every attempt
-                // the same way, so OVS must not be held through that.
+                // the same way, so OVS must not be held through that. An
+                // application's close this early arrives without its code
+                // (RFC 9000 §10.2.3: APPLICATION_ERROR), so a stopping
+                // controller agent admits no attempt it would close
+                // (`ControllerAgent::stop_serving`).
                 E::ApplicationClosed(_)
                 | E::ConnectionClosed(_)
                 | E::VersionMismatch

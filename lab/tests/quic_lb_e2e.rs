@@ -27,7 +27,7 @@ mod common;
 use quicsdn_agent::{CommonConfig, ControllerTarget, ServiceConfig, SwitchAgent, SwitchConfig};
 use quicsdn_lab::agents::quicsdn_binary;
 use quicsdn_lab::balancer::{Backend, Balancer, Router};
-use quicsdn_lab::bench::storm::sim::{CountingController, Fleet, OvsTiming};
+use quicsdn_lab::bench::storm::sim::CountingController;
 use quicsdn_lab::pki::Pki;
 use quicsdn_lab::process::{ProcRecord, spawn_service};
 use quicsdn_lab::wait::poll_until;
@@ -236,20 +236,12 @@ fn run(pki: &Pki, controller: &CountingController, hosts: &mut [Host], work: &Pa
             a.identity()
         );
     }
-    let _fleet = Fleet::start(
+    let _fleet = common::fleet_all_live(
+        controller,
         (0..SWITCHES)
             .map(|i| (work.join(format!("{}.sock", name(i))), i as u64 + 1))
             .collect(),
-        OvsTiming::default(),
-    )
-    .unwrap();
-    controller
-        .wait_live(
-            SWITCHES,
-            "every switch's OpenFlow session",
-            Duration::from_secs(60),
-        )
-        .unwrap();
+    );
     let on = |h: &Host| h.switches().unwrap();
     let expected = |backend: usize| -> Vec<String> {
         (0..SWITCHES)

@@ -16,7 +16,7 @@ mod common;
 
 use quicsdn_agent::{CommonConfig, ControllerTarget, ServiceConfig, SwitchAgent, SwitchConfig};
 use quicsdn_lab::agents::quicsdn_binary;
-use quicsdn_lab::bench::storm::sim::{CountingController, Fleet, OvsTiming};
+use quicsdn_lab::bench::storm::sim::CountingController;
 use quicsdn_lab::pki::Pki;
 use quicsdn_lab::process::{ProcRecord, spawn_service};
 use quicsdn_lab::wait::poll_until;
@@ -161,20 +161,12 @@ fn run(
         }
         agents.extend(started);
     }
-    let fleet = Fleet::start(
+    let fleet = common::fleet_all_live(
+        controller,
         (1..=SWITCHES)
             .map(|i| (work.join(format!("sw{i}.sock")), i as u64))
             .collect(),
-        OvsTiming::default(),
-    )
-    .unwrap();
-    controller
-        .wait_live(
-            SWITCHES,
-            "every switch's OpenFlow session",
-            Duration::from_secs(60),
-        )
-        .unwrap();
+    );
     let on0 = worker_switches(&control_of(0)).unwrap();
     let on1 = worker_switches(&control_of(1)).unwrap();
     println!(

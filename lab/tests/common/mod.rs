@@ -290,6 +290,26 @@ pub fn agents_pki(dir: &Path, switches: usize) -> quicsdn_lab::pki::Pki {
     pki
 }
 
+/// Starts one simulated Open vSwitch per `(socket, datapath id)` and waits
+/// (60 s at most) until the counting controller has an OpenFlow session from
+/// each. Dropping the fleet stops them.
+pub fn fleet_all_live(
+    controller: &quicsdn_lab::bench::storm::sim::CountingController,
+    switches: Vec<(PathBuf, u64)>,
+) -> quicsdn_lab::bench::storm::sim::Fleet {
+    use quicsdn_lab::bench::storm::sim::{Fleet, OvsTiming};
+    let n = switches.len();
+    let fleet = Fleet::start(switches, OvsTiming::default()).unwrap();
+    controller
+        .wait_live(
+            n,
+            "every switch's OpenFlow session",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    fleet
+}
+
 /// The switches connected to the controller agent with control socket
 /// `socket`, each with the address its packets come from there.
 pub fn connected_switches(

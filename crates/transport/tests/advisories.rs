@@ -1,7 +1,9 @@
 //! The RustSec advisories against the QUIC stack quicsdn trusts, checked
 //! against the versions Cargo.lock pins, by `cargo test` alone. The whole
 //! database is checked by scripts/audit (cargo-deny, against the snapshot in
-//! third_party/rustsec-advisory-db), which `scripts/test` runs first.
+//! third_party/rustsec-advisory-db), which `scripts/test` runs first; but
+//! quinn and quinn-proto are vendored path crates (third_party/), which
+//! cargo-deny does not match against advisories, so for them this is the check.
 //!
 //! Each row is (advisory, crate, first fixed version, what it was), read from
 //! the advisory's own `[versions] patched` field. A snapshot refresh that

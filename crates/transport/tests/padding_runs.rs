@@ -1,8 +1,8 @@
 //! quinn-proto is patched to read a run of PADDING frames as one frame
 //! (third_party/quinn-proto/QUICSDN-PATCH.md). quinn pads at the end of a
 //! packet, so every handshake in the suite has padding with nothing after it;
-//! other QUIC stacks may put it first (RFC 9000 §19.1: "The PADDING frame ...
-//! can be used to increase the size of a packet"). Here a client's first
+//! other QUIC stacks may put it anywhere (RFC 9000 §19.1: "PADDING frames can
+//! be used to increase the size of a packet"). Here a client's first
 //! Initial packet is opened with the Initial keys (RFC 9001 §5.2), its padding
 //! moved in front of its CRYPTO frame, and sealed again: the server must still
 //! read the ClientHello after the run and complete the handshake.

@@ -212,6 +212,18 @@ pub(crate) fn write_new(path: &Path, data: &[u8], mode: u32) -> Result<(), PkiEr
     f.write_all(data).map_err(err)
 }
 
+/// For this crate's unit tests: loaded credentials for `name`, issued by a
+/// CA in `dir` (created by the first call).
+#[cfg(test)]
+pub(crate) fn test_credentials(dir: &Path, name: &str) -> crate::tls::Credentials {
+    let (ca, _) = ca_paths(dir);
+    if !ca.exists() {
+        init_ca(dir, "CA", Validity::days(1)).unwrap();
+    }
+    let (cert, key) = issue(dir, name, &[], Validity::days(1)).unwrap();
+    crate::tls::Credentials::load(&crate::tls::TlsFiles { ca, cert, key }).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -878,17 +878,8 @@ pub fn client_endpoint_for_connect_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pki::{Validity, init_ca, issue};
+    use crate::pki::test_credentials as creds;
     use crate::tls::TlsFiles;
-
-    fn creds(dir: &std::path::Path, name: &str) -> Credentials {
-        let (ca, _) = crate::pki::ca_paths(dir);
-        if !ca.exists() {
-            init_ca(dir, "CA", Validity::days(1)).unwrap();
-        }
-        let (cert, key) = issue(dir, name, &[], Validity::days(1)).unwrap();
-        Credentials::load(&TlsFiles { ca, cert, key }).unwrap()
-    }
 
     #[test]
     fn the_receive_buffer_grows_past_rmem_max_as_root() {

@@ -522,18 +522,13 @@ impl ServerCertVerifier for LoggingServerVerifier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pki::{Validity, init_ca, issue};
+    use crate::pki::test_credentials;
 
     #[test]
     fn the_agents_negotiate_aes_128_gcm_sha256() {
         let dir = tempfile::tempdir().unwrap();
-        init_ca(dir.path(), "CA", Validity::days(1)).unwrap();
-        let creds = |name| {
-            let (ca, _) = crate::pki::ca_paths(dir.path());
-            let (cert, key) = issue(dir.path(), name, &[], Validity::days(1)).unwrap();
-            Credentials::load(&TlsFiles { ca, cert, key }).unwrap()
-        };
-        let (ctl, sw) = (creds("ctl"), creds("sw1"));
+        let ctl = test_credentials(dir.path(), "ctl");
+        let sw = test_credentials(dir.path(), "sw1");
         let server_name = ServerName::try_from("ctl").unwrap();
         let mut client =
             rustls::ClientConnection::new(Arc::new(sw.client_config().unwrap()), server_name)

@@ -21,15 +21,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// RFC 9000 §16: a variable-length integer at `b[*at]`, advancing `at`.
+/// The variable-length integer (RFC 9000 §16) at `b[*at]`, advancing `at`.
 fn varint(b: &[u8], at: &mut usize) -> u64 {
-    let len = 1 << (b[*at] >> 6);
-    let mut v = u64::from(b[*at] & 0x3f);
-    for i in 1..len {
-        v = (v << 8) | u64::from(b[*at + i]);
-    }
+    let (value, len) = quicsdn_wire::varint::decode(&b[*at..]).expect("a whole varint");
     *at += len;
-    v
+    value
 }
 
 /// The client's first datagram, a single Initial packet, with its padding

@@ -7,18 +7,11 @@
 //! moved in front of its CRYPTO frame, and sealed again: the server must still
 //! read the ClientHello after the run and complete the handshake.
 
-use bytes::BytesMut;
-use quicsdn_transport::pki::{Validity, ca_paths, init_ca, issue};
-use quicsdn_transport::quic::{QuicOptions, client_config, server_config};
-use quicsdn_transport::resumption::SessionStore;
-use quicsdn_transport::tls::{Credentials, TlsFiles};
-use quinn_proto::{
-    ClientConfig, Connection, ConnectionHandle, DatagramEvent, Endpoint, EndpointConfig, Event,
-};
+mod common;
+
+use quicsdn_transport::quic::QuicOptions;
 use rustls::quic::{Keys, Version};
 use rustls::{Side, crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256};
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// The variable-length integer (RFC 9000 §16) at `b[*at]`, advancing `at`.
@@ -95,114 +88,10 @@ fn padding_first(datagram: &[u8]) -> (Vec<u8>, usize) {
     (sealed, padding.len())
 }
 
-struct Peer {
-    endpoint: Endpoint,
-    handle: Option<ConnectionHandle>,
-    conn: Option<Connection>,
-    addr: SocketAddr,
-    connected: bool,
-}
-
-impl Peer {
-    fn conn(&mut self) -> &mut Connection {
-        self.conn.as_mut().unwrap()
-    }
-
-    /// Takes a datagram from the peer.
-    fn receive(&mut self, now: Instant, from: SocketAddr, datagram: &[u8]) {
-        let mut buf = Vec::new();
-        match self
-            .endpoint
-            .handle(now, from, None, None, BytesMut::from(datagram), &mut buf)
-        {
-            Some(DatagramEvent::NewConnection(incoming)) => {
-                let (h, c) = self
-                    .endpoint
-                    .accept(incoming, now, &mut buf, None)
-                    .expect("the server accepts the attempt");
-                self.handle = Some(h);
-                self.conn = Some(c);
-            }
-            Some(DatagramEvent::ConnectionEvent(h, event)) => {
-                assert_eq!(Some(h), self.handle);
-                self.conn().handle_event(event);
-            }
-            Some(DatagramEvent::Response(_)) => panic!("a stateless response: {buf:?}"),
-            None => {}
-        }
-    }
-
-    /// Datagrams to send; endpoint events handled, `connected` noted.
-    fn poll(&mut self, now: Instant) -> Vec<Vec<u8>> {
-        let mut out = Vec::new();
-        let Some(conn) = self.conn.as_mut() else {
-            return out;
-        };
-        loop {
-            let mut buf = Vec::new();
-            let Some(t) = conn.poll_transmit(now, 1, &mut buf) else {
-                break;
-            };
-            out.push(buf[..t.size].to_vec());
-        }
-        while let Some(event) = conn.poll_endpoint_events() {
-            if let Some(back) = self.endpoint.handle_event(self.handle.unwrap(), event) {
-                conn.handle_event(back);
-            }
-        }
-        while let Some(event) = conn.poll() {
-            if let Event::Connected = event {
-                self.connected = true;
-            }
-        }
-        out
-    }
-}
-
-fn credentials(dir: &std::path::Path, name: &str) -> Credentials {
-    let (ca, _) = ca_paths(dir);
-    let (cert, key) = issue(dir, name, &[], Validity::days(1)).unwrap();
-    Credentials::load(&TlsFiles { ca, cert, key }).unwrap()
-}
-
 #[test]
 fn a_frame_after_a_run_of_padding_is_read() {
-    let dir = tempfile::tempdir().unwrap();
-    init_ca(dir.path(), "CA", Validity::days(1)).unwrap();
-    let opts = QuicOptions::default();
-    let server_cfg = server_config(
-        &credentials(dir.path(), "ctl"),
-        &opts,
-        Arc::new(SessionStore::in_memory(16)),
-    )
-    .unwrap();
-    let client_cfg: ClientConfig = client_config(&credentials(dir.path(), "sw1"), &opts).unwrap();
     let now = Instant::now();
-    let mut server = Peer {
-        endpoint: Endpoint::new(
-            Arc::new(EndpointConfig::default()),
-            Some(Arc::new(server_cfg)),
-            true,
-            None,
-        ),
-        handle: None,
-        conn: None,
-        addr: "127.0.0.1:6653".parse().unwrap(),
-        connected: false,
-    };
-    let mut client = Peer {
-        endpoint: Endpoint::new(Arc::new(EndpointConfig::default()), None, true, None),
-        handle: None,
-        conn: None,
-        addr: "127.0.0.1:40000".parse().unwrap(),
-        connected: false,
-    };
-    let (h, c) = client
-        .endpoint
-        .connect(now, client_cfg, server.addr, "ctl")
-        .unwrap();
-    client.handle = Some(h);
-    client.conn = Some(c);
+    let (mut client, mut server) = common::agents(&QuicOptions::default(), now);
 
     let mut first = client.poll(now);
     assert!(!first.is_empty(), "the client sends its Initial");

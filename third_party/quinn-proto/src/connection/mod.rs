@@ -508,7 +508,17 @@ impl Connection {
 
         // Check whether we need to send an ACK_FREQUENCY frame
         if let Some(config) = &self.config.ack_frequency_config {
-            self.spaces[SpaceId::Data].pending.ack_frequency = self
+            // quicsdn patch (QUICSDN-PATCH.md): `|=`, not `=`. Loss detection
+            // queues a lost ACK_FREQUENCY frame for retransmission in
+            // `pending`; `should_send_ack_frequency` compares against the lost
+            // frame's own value and answers false, so assigning it here
+            // dropped the retransmission, and the peer kept the previous
+            // request for the rest of the connection. draft-ietf-quic-ack-
+            // frequency: "When an ACK_FREQUENCY frame is lost, the sender is
+            // encouraged to send another ACK_FREQUENCY frame, unless an
+            // ACK_FREQUENCY frame with a larger Sequence Number value has
+            // already been sent." (The one sent again has a new number.)
+            self.spaces[SpaceId::Data].pending.ack_frequency |= self
                 .ack_frequency
                 .should_send_ack_frequency(self.path.rtt.get(), config, &self.peer_params)
                 && self.highest_space == SpaceId::Data

@@ -310,19 +310,6 @@ async fn foreign_quic_clients_are_refused_and_other_switches_keep_working() {
     controller.shutdown().await;
 }
 
-async fn control(path: &Path, request: &str) -> Value {
-    let mut s = tokio::net::UnixStream::connect(path).await.unwrap();
-    s.write_all(format!("{request}\n").as_bytes())
-        .await
-        .unwrap();
-    let mut line = String::new();
-    let mut r = tokio::io::BufReader::new(s);
-    tokio::io::AsyncBufReadExt::read_line(&mut r, &mut line)
-        .await
-        .unwrap();
-    serde_json::from_str(&line).unwrap()
-}
-
 /// Forwards datagrams between a switch agent and the controller agent and
 /// keeps the first one the switch agent sent: its Initial packet.
 async fn relay(agent: SocketAddr) -> (SocketAddr, Arc<UdpSocket>, Arc<Mutex<Option<Vec<u8>>>>) {

@@ -756,20 +756,6 @@ async fn a_rebinding_switch_agent_migrates_and_loses_nothing() {
     setup.shutdown().await;
 }
 
-/// Sends one request line to a control socket and returns the JSON answer.
-async fn control(path: &std::path::Path, request: &str) -> serde_json::Value {
-    let mut s = UnixStream::connect(path).await.unwrap();
-    s.write_all(format!("{request}\n").as_bytes())
-        .await
-        .unwrap();
-    let mut line = String::new();
-    let mut r = tokio::io::BufReader::new(s);
-    tokio::io::AsyncBufReadExt::read_line(&mut r, &mut line)
-        .await
-        .unwrap();
-    serde_json::from_str(&line).unwrap()
-}
-
 #[tokio::test]
 async fn the_control_sockets_report_and_rebind() {
     let dir = tempfile::tempdir().unwrap();

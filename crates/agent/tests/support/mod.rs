@@ -378,3 +378,18 @@ impl Drop for Relay {
         self.task.abort();
     }
 }
+
+/// Sends one request line to an agent's control socket and returns its JSON
+/// answer.
+pub async fn control(path: &Path, request: &str) -> serde_json::Value {
+    let mut s = tokio::net::UnixStream::connect(path).await.unwrap();
+    s.write_all(format!("{request}\n").as_bytes())
+        .await
+        .unwrap();
+    let mut line = String::new();
+    let mut r = tokio::io::BufReader::new(s);
+    tokio::io::AsyncBufReadExt::read_line(&mut r, &mut line)
+        .await
+        .unwrap();
+    serde_json::from_str(&line).unwrap()
+}

@@ -240,8 +240,12 @@ fn metrics_of_real_ovs_and_os_ken_parse_and_move_as_predicted() {
         .terminate(PATIENCE)
         .unwrap();
     bed.start_controller_agent(2);
-    let sw = until(&sw_ns(), "the switch agent back", |s| {
-        s.sum("quicsdn_connects_total", &[SW]) == 2.0 && s.healthz == 200
+    // OVS opens its new session after its own reconnect backoff, some time
+    // after the connection is back: wait for both, not just the connection.
+    let sw = until(&sw_ns(), "the switch agent and OVS's session back", |s| {
+        s.sum("quicsdn_connects_total", &[SW]) == 2.0
+            && s.healthz == 200
+            && s.get("quicsdn_sessions_opened_total", &[SW, OF]) >= 2.0
     });
     assert_eq!(
         sw.get(

@@ -17,119 +17,54 @@
 
 mod common;
 
-use common::Peer;
+use common::{Link, Peer};
 use quicsdn_transport::quic::QuicOptions;
 use quinn_proto::{Dir, StreamId};
-use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const ONE_WAY: Duration = Duration::from_millis(5);
 const WRITE_EVERY: Duration = Duration::from_millis(100);
 const RUN_FOR: Duration = Duration::from_secs(3);
-
-struct InFlight {
-    at: Instant,
-    to_server: bool,
-    datagram: Vec<u8>,
-}
-
-/// Sends each of `peer`'s datagrams, but drops the one that carries its
-/// `drop_nth` ACK_FREQUENCY frame (counting from 1) if `drop_nth` is set;
-/// returns whether it dropped one.
-fn send(
-    peer: &mut Peer,
-    now: Instant,
-    to_server: bool,
-    drop_nth: Option<u64>,
-    wire: &mut VecDeque<InFlight>,
-) -> bool {
-    let mut dropped = false;
-    loop {
-        let before = peer.conn().stats().frame_tx.ack_frequency;
-        let Some(datagram) = peer.transmit(now) else {
-            break;
-        };
-        let after = peer.conn().stats().frame_tx.ack_frequency;
-        if drop_nth.is_some_and(|n| before < n && n <= after) {
-            dropped = true;
-            continue;
-        }
-        wire.push_back(InFlight {
-            at: now + ONE_WAY,
-            to_server,
-            datagram,
-        });
-    }
-    peer.events();
-    dropped
-}
 
 /// Runs the pair for [`RUN_FOR`], dropping the datagram with the `nth`
 /// ACK_FREQUENCY frame of the server (controller agent) or the client, and
 /// checks that the frame was sent again and that every frame but the lost one
 /// arrived.
 fn lose_one_ack_frequency_frame(from_server: bool, nth: u64) {
-    let start = Instant::now();
-    let (mut client, mut server) = common::agents(&QuicOptions::default(), start);
-    let mut wire = VecDeque::new();
-    let mut now = start;
+    let mut link = Link::new(&QuicOptions::default(), ONE_WAY);
+    // ACK_FREQUENCY frames each side had sent before its last datagram.
+    let mut counted = [0u64; 2];
     let mut dropped = false;
-    let mut next_write = start;
+    let mut lose = |_, by_server: bool, sender: &mut Peer, _: &[u8]| {
+        let after = sender.conn().stats().frame_tx.ack_frequency;
+        let before = std::mem::replace(&mut counted[usize::from(by_server)], after);
+        let hit = by_server == from_server && !dropped && before < nth && nth <= after;
+        dropped |= hit;
+        hit
+    };
+    link.connect(&mut lose);
+    let end = link.now + RUN_FOR;
     let mut streams: (Option<StreamId>, Option<StreamId>) = (None, None);
-    while now < start + RUN_FOR {
-        // Deliver what has arrived (a fixed delay keeps the queue in order).
-        while wire.front().is_some_and(|d: &InFlight| d.at <= now) {
-            let d = wire.pop_front().unwrap();
-            if d.to_server {
-                server.receive(now, client.addr, &d.datagram);
-            } else {
-                client.receive(now, server.addr, &d.datagram);
-            }
+    while link.now < end {
+        for (peer, stream) in [
+            (&mut link.client, &mut streams.0),
+            (&mut link.server, &mut streams.1),
+        ] {
+            let conn = peer.conn();
+            let id = *stream.get_or_insert_with(|| conn.streams().open(Dir::Uni).unwrap());
+            conn.send_stream(id).write(&[0x5a; 200]).unwrap();
         }
-        client.timers(now);
-        server.timers(now);
-        if client.connected && server.connected && now >= next_write {
-            for (peer, stream) in [(&mut client, &mut streams.0), (&mut server, &mut streams.1)] {
-                let conn = peer.conn();
-                let id = *stream.get_or_insert_with(|| conn.streams().open(Dir::Uni).unwrap());
-                conn.send_stream(id).write(&[0x5a; 200]).unwrap();
-            }
-            next_write = now + WRITE_EVERY;
-        }
-        let drop_client = (!from_server && !dropped).then_some(nth);
-        let drop_server = (from_server && !dropped).then_some(nth);
-        dropped |= send(&mut client, now, true, drop_client, &mut wire);
-        if server.conn.is_some() {
-            dropped |= send(&mut server, now, false, drop_server, &mut wire);
-        }
-        for peer in [&mut client, &mut server] {
-            if let Some(conn) = peer.conn.as_mut() {
-                assert!(!conn.is_closed(), "a connection closed: {:?}", conn.poll());
-            }
-        }
-        let mut next = [
-            wire.front().map(|d| d.at),
-            client.next_timer(),
-            server.next_timer(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(start + RUN_FOR);
-        if client.connected && server.connected {
-            next = next.min(next_write);
-        }
-        now = next.max(now + Duration::from_micros(1));
+        let next = (link.now + WRITE_EVERY).min(end);
+        link.run_until(next, &mut lose);
     }
-    assert!(client.connected && server.connected, "no handshake");
     assert!(
         dropped,
         "no ACK_FREQUENCY frame number {nth} was sent to drop"
     );
     let (sender, receiver) = if from_server {
-        (&mut server, &mut client)
+        (&mut link.server, &mut link.client)
     } else {
-        (&mut client, &mut server)
+        (&mut link.client, &mut link.server)
     };
     let sent = sender.conn().stats().frame_tx.ack_frequency;
     let received = receiver.conn().stats().frame_rx.ack_frequency;

@@ -9,10 +9,13 @@ use quicsdn_transport::pki::{Validity, ca_paths, init_ca, issue};
 use quicsdn_transport::quic::{QuicOptions, client_config, server_config};
 use quicsdn_transport::resumption::SessionStore;
 use quicsdn_transport::tls::{Credentials, TlsFiles};
-use quinn_proto::{Connection, ConnectionHandle, DatagramEvent, Endpoint, EndpointConfig, Event};
+use quinn_proto::{
+    Connection, ConnectionError, ConnectionHandle, DatagramEvent, Endpoint, EndpointConfig, Event,
+};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub struct Peer {
     pub endpoint: Endpoint,
@@ -20,6 +23,8 @@ pub struct Peer {
     pub conn: Option<Connection>,
     pub addr: SocketAddr,
     pub connected: bool,
+    /// Why the connection closed, once it has.
+    pub lost: Option<ConnectionError>,
 }
 
 impl Peer {
@@ -71,8 +76,10 @@ impl Peer {
             }
         }
         while let Some(event) = conn.poll() {
-            if let Event::Connected = event {
-                self.connected = true;
+            match event {
+                Event::Connected => self.connected = true,
+                Event::ConnectionLost { reason } => self.lost = Some(reason),
+                _ => {}
             }
         }
     }
@@ -131,6 +138,7 @@ pub fn agents(opts: &QuicOptions, now: Instant) -> (Peer, Peer) {
         conn: None,
         addr: "127.0.0.1:6653".parse().unwrap(),
         connected: false,
+        lost: None,
     };
     let mut client = Peer {
         endpoint: Endpoint::new(Arc::new(EndpointConfig::default()), None, true, None),
@@ -138,6 +146,7 @@ pub fn agents(opts: &QuicOptions, now: Instant) -> (Peer, Peer) {
         conn: None,
         addr: "127.0.0.1:40000".parse().unwrap(),
         connected: false,
+        lost: None,
     };
     let (h, c) = client
         .endpoint
@@ -146,4 +155,129 @@ pub fn agents(opts: &QuicOptions, now: Instant) -> (Peer, Peer) {
     client.handle = Some(h);
     client.conn = Some(c);
     (client, server)
+}
+
+/// A datagram on the wire, delivered at `at`.
+struct InFlight {
+    at: Instant,
+    to_server: bool,
+    datagram: Vec<u8>,
+}
+
+/// Asked about every datagram a peer sends: whether the link loses it. The
+/// arguments are the time, whether the server sent it, the sender (its
+/// statistics already count the datagram's frames), and the datagram.
+pub type Lose<'a> = dyn FnMut(Instant, bool, &mut Peer, &[u8]) -> bool + 'a;
+
+/// A link that loses nothing.
+pub fn lossless(_: Instant, _: bool, _: &mut Peer, _: &[u8]) -> bool {
+    false
+}
+
+/// [`agents`] joined by a link with a fixed one-way delay (so datagrams
+/// arrive in order), on a virtual clock that jumps from one event (a
+/// delivery, a timer, the caller's deadline) to the next.
+pub struct Link {
+    pub client: Peer,
+    pub server: Peer,
+    pub start: Instant,
+    pub now: Instant,
+    /// Applies to datagrams sent from now on (the link stays in order: a
+    /// shorter delay holds a datagram behind those already on the wire).
+    pub one_way: Duration,
+    wire: VecDeque<InFlight>,
+}
+
+impl Link {
+    pub fn new(opts: &QuicOptions, one_way: Duration) -> Link {
+        let start = Instant::now();
+        let (client, server) = agents(opts, start);
+        Link {
+            client,
+            server,
+            start,
+            now: start,
+            one_way,
+            wire: VecDeque::new(),
+        }
+    }
+
+    pub fn connected(&self) -> bool {
+        self.client.connected && self.server.connected
+    }
+
+    /// Runs the handshake (within a second of virtual time).
+    pub fn connect(&mut self, lose: &mut Lose) {
+        let deadline = self.now + Duration::from_secs(1);
+        while !self.connected() {
+            assert!(self.now < deadline, "no handshake within a second");
+            let next = self
+                .next_event(deadline)
+                .max(self.now + Duration::from_micros(1));
+            self.run_until(next, lose);
+        }
+    }
+
+    /// Runs both peers until `until` (inclusive): delivers what arrives,
+    /// fires timers, sends what there is to send, asking `lose` about each
+    /// datagram. Panics if a connection closes.
+    pub fn run_until(&mut self, until: Instant, lose: &mut Lose) {
+        loop {
+            while self.wire.front().is_some_and(|d| d.at <= self.now) {
+                let d = self.wire.pop_front().unwrap();
+                if d.to_server {
+                    self.server.receive(self.now, self.client.addr, &d.datagram);
+                } else {
+                    self.client.receive(self.now, self.server.addr, &d.datagram);
+                }
+            }
+            self.client.timers(self.now);
+            self.server.timers(self.now);
+            for from_server in [false, true] {
+                let peer = if from_server {
+                    &mut self.server
+                } else {
+                    &mut self.client
+                };
+                if peer.conn.is_none() {
+                    continue;
+                }
+                while let Some(datagram) = peer.transmit(self.now) {
+                    if !lose(self.now, from_server, peer, &datagram) {
+                        self.wire.push_back(InFlight {
+                            at: self.now + self.one_way,
+                            to_server: !from_server,
+                            datagram,
+                        });
+                    }
+                }
+                peer.events();
+                assert!(
+                    !peer.conn().is_closed(),
+                    "a connection closed: {:?}",
+                    peer.lost
+                );
+            }
+            if self.now >= until {
+                return;
+            }
+            // Always forward, so a timer quinn leaves due cannot stall us.
+            self.now = self
+                .next_event(until)
+                .max(self.now + Duration::from_micros(1));
+        }
+    }
+
+    /// The first of: the next delivery, either peer's next timer, `until`.
+    fn next_event(&mut self, until: Instant) -> Instant {
+        [
+            self.wire.front().map(|d| d.at),
+            self.client.next_timer(),
+            self.server.next_timer(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .map_or(until, |t| t.min(until))
+    }
 }

@@ -1545,14 +1545,30 @@ impl Connection {
             self.spaces[space].largest_acked_packet,
         );
 
-        if new_largest && ack_eliciting_acked {
+        // quicsdn patch (QUICSDN-PATCH.md): no RTT sample from an ACK whose
+        // reported delay is more than a quarter beyond the peer's
+        // max_ack_delay. The peer "promises to never intentionally delay
+        // acknowledgments of an ack-eliciting packet by more than"
+        // max_ack_delay (RFC 9000 §13.2.1; the quarter is for its timer firing
+        // late), so such a delay is not that promised wait: the peer is
+        // repeating an ACK that was lost, or acknowledging packets it was
+        // never asked to acknowledge promptly, with whatever it sent next.
+        // RFC 9002 §5.3 lets the sender subtract at most max_ack_delay
+        // ("MUST use the lesser of the acknowledgment delay and the peer's
+        // max_ack_delay"), so the sample would carry the rest of that wait,
+        // up to seconds on a lossy, quiet control channel, into the RTT and
+        // the PTO. RFC 9002 §5.1 ignores ACKs of only non-ack-eliciting
+        // packets for the same reason: they "could include an arbitrarily
+        // large ACK Delay value".
+        let reported_delay =
+            Duration::from_micros(ack.delay << self.peer_params.ack_delay_exponent.0);
+        let held_beyond_contract = space == SpaceId::Data
+            && reported_delay > self.ack_frequency.peer_max_ack_delay * 5 / 4;
+        if new_largest && ack_eliciting_acked && !held_beyond_contract {
             let ack_delay = if space != SpaceId::Data {
                 Duration::from_micros(0)
             } else {
-                cmp::min(
-                    self.ack_frequency.peer_max_ack_delay,
-                    Duration::from_micros(ack.delay << self.peer_params.ack_delay_exponent.0),
-                )
+                cmp::min(self.ack_frequency.peer_max_ack_delay, reported_delay)
             };
             let rtt = now.saturating_duration_since(self.spaces[space].largest_acked_packet_sent);
             self.path.rtt.update(ack_delay, rtt);

@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::{Link, Peer, lossless};
+use common::{Link, Lose, Peer, lossless};
 use quicsdn_transport::quic::QuicOptions;
 use quinn_proto::{Dir, StreamId};
 use std::time::{Duration, Instant};
@@ -68,6 +68,13 @@ impl Pair {
         write(&mut self.link.server, &mut self.to_client);
     }
 
+    /// Runs to `t + HELD` with `lose`; meanwhile no ACK reaches the
+    /// server, so its RTT estimate stays `before`.
+    fn hold(&mut self, t: Instant, before: Duration, lose: &mut Lose) {
+        self.link.run_until(t + HELD, lose);
+        assert_eq!(self.link.server.conn().rtt(), before);
+    }
+
     /// After `t + HELD`, the client writes and its packet, with its ACK,
     /// reaches the server: the server's RTT estimate must not have moved
     /// by more than noise.
@@ -106,13 +113,11 @@ fn a_lost_ack_repeated_a_second_later_does_not_enter_the_rtt() {
         lost += u32::from(!keep);
         !keep
     };
-    let end = t + HELD;
-    pair.link.run_until(end, &mut lose);
+    pair.hold(t, before, &mut lose);
     assert!(
         data_sent && lost >= 2,
         "the scene was not set ({lost} lost)"
     );
-    assert_eq!(pair.link.server.conn().rtt(), before);
     // The client's next packet acknowledges the data, a second after it
     // arrived.
     pair.late_ack_arrives(before);
@@ -156,13 +161,11 @@ fn an_ack_only_packet_acknowledged_a_second_later_does_not_enter_the_rtt() {
         lost += u32::from(!keep);
         !keep
     };
-    let end = t + HELD;
-    pair.link.run_until(end, &mut lose);
+    pair.hold(t, before, &mut lose);
     assert!(
         data_sent && ack_only_sent && lost >= 2,
         "the scene was not set ({lost} lost)"
     );
-    assert_eq!(pair.link.server.conn().rtt(), before);
     // The client's next packet acknowledges the data and, as its largest,
     // the ACK-only packet it received a second before.
     pair.late_ack_arrives(before);

@@ -19,7 +19,7 @@ mod common;
 
 use common::{Link, Peer};
 use quicsdn_transport::quic::QuicOptions;
-use quinn_proto::{Dir, StreamId};
+use quinn_proto::StreamId;
 use std::time::Duration;
 
 const ONE_WAY: Duration = Duration::from_millis(5);
@@ -46,14 +46,8 @@ fn lose_one_ack_frequency_frame(from_server: bool, nth: u64) {
     let end = link.now + RUN_FOR;
     let mut streams: (Option<StreamId>, Option<StreamId>) = (None, None);
     while link.now < end {
-        for (peer, stream) in [
-            (&mut link.client, &mut streams.0),
-            (&mut link.server, &mut streams.1),
-        ] {
-            let conn = peer.conn();
-            let id = *stream.get_or_insert_with(|| conn.streams().open(Dir::Uni).unwrap());
-            conn.send_stream(id).write(&[0x5a; 200]).unwrap();
-        }
+        link.client.write(&mut streams.0, 200);
+        link.server.write(&mut streams.1, 200);
         let next = (link.now + WRITE_EVERY).min(end);
         link.run_until(next, &mut lose);
     }

@@ -51,12 +51,6 @@ struct Streams {
     answered: usize,
 }
 
-fn write(peer: &mut Peer, stream: &mut Option<StreamId>, len: usize) {
-    let conn = peer.conn();
-    let id = *stream.get_or_insert_with(|| conn.streams().open(Dir::Uni).unwrap());
-    conn.send_stream(id).write(&vec![0x5a; len]).unwrap();
-}
-
 fn read(peer: &mut Peer, stream: &mut Option<StreamId>) -> usize {
     let conn = peer.conn();
     if stream.is_none() {
@@ -81,7 +75,7 @@ fn step(link: &mut Link, s: &mut Streams, lose: &mut common::Lose, rtt_max: &mut
     link.run_until(next, lose);
     let n = read(&mut link.client, &mut s.client_in);
     if n > 0 {
-        write(&mut link.client, &mut s.client_out, n);
+        link.client.write(&mut s.client_out, n);
     }
     s.answered += read(&mut link.server, &mut s.server_in);
     *rtt_max = (*rtt_max)
@@ -100,7 +94,7 @@ fn run(seed: u64, loss: f64, one_way: Duration) -> (Vec<f64>, Duration) {
     let (mut times, mut rtt_max) = (Vec::new(), Duration::ZERO);
     for round in 1..=EXCHANGES {
         let asked = link.now;
-        write(&mut link.server, &mut s.server_out, MESSAGE);
+        link.server.write(&mut s.server_out, MESSAGE);
         while s.answered < round * MESSAGE {
             step(&mut link, &mut s, &mut lose, &mut rtt_max);
         }

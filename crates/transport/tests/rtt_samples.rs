@@ -20,7 +20,7 @@ mod common;
 
 use common::{Link, Lose, Peer, lossless};
 use quicsdn_transport::quic::QuicOptions;
-use quinn_proto::{Dir, StreamId};
+use quinn_proto::StreamId;
 use std::time::{Duration, Instant};
 
 const ONE_WAY: Duration = Duration::from_millis(5);
@@ -61,11 +61,11 @@ impl Pair {
     }
 
     fn client_writes(&mut self) {
-        write(&mut self.link.client, &mut self.to_server);
+        self.link.client.write(&mut self.to_server, 200);
     }
 
     fn server_writes(&mut self) {
-        write(&mut self.link.server, &mut self.to_client);
+        self.link.server.write(&mut self.to_client, 200);
     }
 
     /// Runs to `t + HELD` with `lose`; meanwhile no ACK reaches the
@@ -90,12 +90,6 @@ impl Pair {
             "the server's RTT went from {before:?} to {after:?}: the late ACK was taken as a sample"
         );
     }
-}
-
-fn write(peer: &mut Peer, stream: &mut Option<StreamId>) {
-    let conn = peer.conn();
-    let id = *stream.get_or_insert_with(|| conn.streams().open(Dir::Uni).unwrap());
-    conn.send_stream(id).write(&[0x5a; 200]).unwrap();
 }
 
 #[test]

@@ -10,7 +10,8 @@ use quicsdn_transport::quic::{QuicOptions, client_config, server_config};
 use quicsdn_transport::resumption::SessionStore;
 use quicsdn_transport::tls::{Credentials, TlsFiles};
 use quinn_proto::{
-    Connection, ConnectionError, ConnectionHandle, DatagramEvent, Endpoint, EndpointConfig, Event,
+    Connection, ConnectionError, ConnectionHandle, DatagramEvent, Dir, Endpoint, EndpointConfig,
+    Event, StreamId,
 };
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -30,6 +31,14 @@ pub struct Peer {
 impl Peer {
     pub fn conn(&mut self) -> &mut Connection {
         self.conn.as_mut().unwrap()
+    }
+
+    /// Writes `len` bytes on this peer's uni stream `stream`, opening it the
+    /// first time.
+    pub fn write(&mut self, stream: &mut Option<StreamId>, len: usize) {
+        let conn = self.conn();
+        let id = *stream.get_or_insert_with(|| conn.streams().open(Dir::Uni).unwrap());
+        conn.send_stream(id).write(&vec![0x5a; len]).unwrap();
     }
 
     /// Takes a datagram from the peer.
@@ -180,7 +189,6 @@ pub fn lossless(_: Instant, _: bool, _: &mut Peer, _: &[u8]) -> bool {
 pub struct Link {
     pub client: Peer,
     pub server: Peer,
-    pub start: Instant,
     pub now: Instant,
     /// Applies to datagrams sent from now on (the link stays in order: a
     /// shorter delay holds a datagram behind those already on the wire).
@@ -195,7 +203,6 @@ impl Link {
         Link {
             client,
             server,
-            start,
             now: start,
             one_way,
             wire: VecDeque::new(),

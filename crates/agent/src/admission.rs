@@ -57,6 +57,7 @@ pub struct Admission {
     refused: AtomicU64,
     waited: AtomicU64,
     waiting: AtomicUsize,
+    slow: AtomicU64,
     /// Woken when a permit is dropped, so a waiting attempt is admitted at once.
     freed: tokio::sync::Notify,
 }
@@ -64,6 +65,14 @@ pub struct Admission {
 /// A handshake in progress; dropping it makes room for the next one.
 #[derive(Debug)]
 pub struct Permit(Arc<Admission>);
+
+impl Permit {
+    /// Gives the permit back before its handshake has completed (after
+    /// [`PERMIT_HOLD`]), and counts that.
+    pub fn release_slow(self) {
+        self.0.slow.fetch_add(1, Ordering::Relaxed);
+    }
+}
 
 impl Drop for Permit {
     fn drop(&mut self) {
@@ -77,7 +86,8 @@ impl Drop for Permit {
 pub struct AdmissionStats {
     /// `--max-handshakes` (0: no limit).
     pub max_handshakes: usize,
-    /// Handshakes under way now.
+    /// Handshakes under way now and holding a permit (one incomplete after
+    /// [`PERMIT_HOLD`] gives its permit back).
     pub in_flight: usize,
     /// Connection attempts admitted since the agent started.
     pub admitted: u64,
@@ -89,6 +99,10 @@ pub struct AdmissionStats {
     /// Connection attempts waiting now.
     #[serde(default)]
     pub waiting: usize,
+    /// Handshakes still incomplete after [`PERMIT_HOLD`], which then gave
+    /// their permit back (their switch agent silent, or slow).
+    #[serde(default)]
+    pub slow: u64,
 }
 
 impl Admission {
@@ -101,6 +115,7 @@ impl Admission {
             refused: AtomicU64::new(0),
             waited: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
+            slow: AtomicU64::new(0),
             freed: tokio::sync::Notify::new(),
         })
     }
@@ -153,9 +168,26 @@ impl Admission {
             refused: self.refused.load(Ordering::Relaxed),
             waited: self.waited.load(Ordering::Relaxed),
             waiting: self.waiting.load(Ordering::Relaxed),
+            slow: self.slow.load(Ordering::Relaxed),
         }
     }
 }
+
+/// How long an admitted handshake keeps its permit while it is not complete.
+/// Permits bound the CPU that handshakes in progress share, and a handshake
+/// costs the controller agent CPU when it answers the ClientHello and when
+/// the switch agent's flight arrives, not while it waits for that flight. One
+/// still waiting after this long has lost its switch agent (which gave up on
+/// the attempt: after a restart, attempts reach the new agent already aged
+/// at the stopping one, and are admitted as their switch agents give up on
+/// them) or is far slower than the ~0.1 s a handshake takes in a
+/// 10,000-switch storm on 2 cores; it goes on without its permit, and the
+/// next attempt starts. Holding permits until the handshake's idle timeout
+/// stalled restarts: 128 such handshakes held every permit for 6 s, in which
+/// no switch came back (docs/scale.md, "A silent handshake holds no permit").
+/// One second is also quinn's first probe timeout before an RTT sample
+/// (RFC 9002 §6.2.2: 3 × the 333 ms initial RTT).
+pub const PERMIT_HOLD: Duration = Duration::from_secs(1);
 
 /// Attempts per handshake permit that may wait ([`Waiting::new`]): with the
 /// default 128 permits, 16,384 attempts, more than a 10,000-switch restart
@@ -340,7 +372,9 @@ mod tests {
         let p3 = a.try_admit().unwrap();
         assert!(a.try_admit().is_none());
         a.count_waiting(true, 1);
-        drop((p2, p3));
+        // p2's handshake outlived PERMIT_HOLD.
+        p2.release_slow();
+        drop(p3);
         assert_eq!(
             a.stats(),
             AdmissionStats {
@@ -350,6 +384,7 @@ mod tests {
                 refused: 1,
                 waited: 1,
                 waiting: 1,
+                slow: 1,
             }
         );
     }

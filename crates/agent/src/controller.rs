@@ -11,7 +11,7 @@
 //! connection timed out (after a restart or a path change), the new connection
 //! replaces the old one, which is closed with `SUPERSEDED`.
 
-use crate::admission::{Admission, Permit, WAITING_PER_PERMIT, Waiting};
+use crate::admission::{Admission, PERMIT_HOLD, Permit, WAITING_PER_PERMIT, Waiting};
 use crate::config::{ConfigError, ControllerConfig};
 use crate::link::{Link, Scheduling};
 use crate::metrics::{Metrics, RefusalReason};
@@ -668,10 +668,11 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
                 inner.admission.count_waiting(false, waiting.len());
                 // One line per second at most, not one per attempt.
                 let now = inner.admission.stats();
-                if now.refused > reported.refused || now.waited > reported.waited {
+                if now.refused > reported.refused || now.waited > reported.waited || now.slow > reported.slow {
                     info!(
                         refused = now.refused - reported.refused,
                         waited = now.waited - reported.waited,
+                        slow = now.slow - reported.slow,
                         waiting = now.waiting,
                         admitted = now.admitted - reported.admitted,
                         in_flight = now.in_flight,
@@ -701,7 +702,8 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
 }
 
 /// Serves one switch agent's connection. `permit` counts its handshake
-/// against `--max-handshakes` until the handshake has completed or failed.
+/// against `--max-handshakes` until the handshake has completed or failed,
+/// or for [`PERMIT_HOLD`] at most.
 /// The future lives as long as the connection, so what only its start and
 /// end need is boxed (`incoming`, and the waits for the switches' map)
 /// rather than kept in every idle connection's task (issue 18).
@@ -748,7 +750,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: Box<quinn::Incoming>, pe
     // has completed or failed.
     let (conn, done) = match connecting.into_0rtt() {
         Ok((conn, done)) => (conn, Some(done)),
-        Err(connecting) => match connecting.await {
+        Err(connecting) => match holding(&mut permit, connecting).await {
             Ok(conn) => (conn, None),
             Err(e) => return handshake_failed(&inner, remote, &e),
         },
@@ -762,7 +764,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: Box<quinn::Incoming>, pe
             Some((watch::channel(Handshake::Pending), done))
         }
         Some(done) => {
-            done.await;
+            holding(&mut permit, done).await;
             drop(permit.take());
             if let Some(e) = conn.close_reason() {
                 return handshake_failed(&inner, remote, &e);
@@ -821,7 +823,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: Box<quinn::Incoming>, pe
                 info!(switch = %switch, %remote, "a 0-RTT connection ended before its handshake completed: {reason}");
                 return;
             }
-            _ = done => {}
+            _ = holding(&mut permit, done) => {}
         }
         drop(permit.take());
         if let Some(e) = conn.close_reason() {
@@ -842,6 +844,21 @@ async fn handle_connection(inner: Arc<Inner>, incoming: Box<quinn::Incoming>, pe
     inner.metrics.link_down(&link, &reason);
     info!(switch = %switch, %remote, "switch agent disconnected: {reason}");
     Box::pin(unregister(&inner, &switch, &link)).await;
+}
+
+/// Awaits a handshake's completion holding `permit` for at most
+/// [`PERMIT_HOLD`], then without it (why: [`PERMIT_HOLD`]).
+async fn holding<F: std::future::Future>(permit: &mut Option<Permit>, handshake: F) -> F::Output {
+    tokio::pin!(handshake);
+    tokio::select! {
+        done = &mut handshake => return done,
+        _ = tokio::time::sleep(PERMIT_HOLD), if permit.is_some() => {
+            if let Some(p) = permit.take() {
+                p.release_slow();
+            }
+        }
+    }
+    handshake.await
 }
 
 fn handshake_failed(inner: &Inner, remote: SocketAddr, e: &quinn::ConnectionError) {

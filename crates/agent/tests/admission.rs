@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use support::*;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Waits until `check` holds (bounded by PATIENCE; reaching it fails the test).
 async fn until(what: &str, mut check: impl FnMut() -> bool) {
@@ -81,11 +81,11 @@ async fn a_refused_switch_agent_keeps_ovs_waiting_and_gets_through_once_admitted
     busy.wait_idle().await;
     refuser.await.unwrap();
     drop(busy);
-    let control = pki.path().join("ctl.sock");
+    let control_sock = pki.path().join("ctl.sock");
     let mut ccfg = controller_config(&pki, &[format!("openflow={}", fake.target())]);
     ccfg.listen = addr;
     ccfg.max_handshakes = 1;
-    ccfg.common.control = Some(control.clone());
+    ccfg.common.control = Some(control_sock.clone());
     // quinn's endpoint driver lets go of the port soon after the last handle.
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let controller = loop {
@@ -118,12 +118,7 @@ async fn a_refused_switch_agent_keeps_ovs_waiting_and_gets_through_once_admitted
     assert_eq!(back, answer);
 
     // The control socket reports admission control.
-    let stream = tokio::net::UnixStream::connect(&control).await.unwrap();
-    let (r, mut w) = stream.into_split();
-    w.write_all(b"{\"cmd\":\"status\"}\n").await.unwrap();
-    let mut line = String::new();
-    BufReader::new(r).read_line(&mut line).await.unwrap();
-    let status: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let status = control(&control_sock, r#"{"cmd":"status"}"#).await;
     let adm = &status["admission"];
     assert_eq!(adm["max_handshakes"], 1, "{status}");
     assert_eq!(adm["in_flight"], 0, "{status}");
@@ -134,6 +129,93 @@ async fn a_refused_switch_agent_keeps_ovs_waiting_and_gets_through_once_admitted
         "{status}"
     );
 
+    agent.shutdown().await;
+    controller.shutdown().await;
+}
+
+/// A handshake whose switch agent has gone silent must not keep its permit:
+/// in a 10,000-switch restart, attempts that had already aged at the stopping
+/// agent were admitted just as their switch agents gave up on them, and 128
+/// such handshakes held every permit for the whole idle timeout (6 s in which
+/// no switch came back; docs/scale.md). Here one permit and a silent
+/// handshake holding it: the next switch agent gets in before the silent
+/// handshake's idle timeout only if the silent one lets its permit go.
+#[tokio::test]
+async fn a_silent_handshake_lets_its_permit_go() {
+    use tokio::net::UdpSocket;
+    let pki = Pki::new();
+    let fake = FakeController::new().await;
+    let control_sock = pki.path().join("ctl.sock");
+    let mut ccfg = controller_config(&pki, &[format!("openflow={}", fake.target())]);
+    ccfg.max_handshakes = 1;
+    // As long as the agents allow (below OVS's 15 s fail-mode timeout).
+    let idle = Duration::from_secs(14);
+    ccfg.common.quic.idle_timeout = idle;
+    ccfg.common.control = Some(control_sock.clone());
+    let controller = ControllerAgent::start(ccfg).await.unwrap();
+    let server = controller.local_addr().unwrap();
+
+    // The silent attempt: a real switch agent's Initial, through a relay that
+    // passes what the client sends until the controller agent answers (it
+    // has admitted the attempt) and nothing in either direction after that.
+    let front = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let back = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    back.connect(server).await.unwrap();
+    let relay_addr = front.local_addr().unwrap();
+    let relay = tokio::spawn(async move {
+        let (mut buf, mut answer) = (vec![0u8; 65536], vec![0u8; 65536]);
+        loop {
+            tokio::select! {
+                r = front.recv_from(&mut buf) => {
+                    let (n, _) = r.unwrap();
+                    back.send(&buf[..n]).await.unwrap();
+                }
+                // The controller agent's first answer: admitted.
+                r = back.recv(&mut answer) => {
+                    r.unwrap();
+                    return;
+                }
+            }
+        }
+    });
+    let creds = Credentials::load(&pki.issue("silent")).unwrap();
+    // Its transport parameters (in the Initial) offer the same idle timeout:
+    // the handshake lives that long at the controller agent unless closed.
+    let opts = QuicOptions {
+        idle_timeout: idle,
+        ..QuicOptions::default()
+    };
+    let silent = quic::client_endpoint("127.0.0.1:0".parse().unwrap(), &creds, &opts).unwrap();
+    let attempt = silent.connect(relay_addr, "controller-agent").unwrap();
+    let waiting_attempt = tokio::spawn(attempt);
+    tokio::time::timeout(PATIENCE, relay)
+        .await
+        .expect("the controller agent never answered the first attempt")
+        .unwrap();
+    let status = control(&control_sock, r#"{"cmd":"status"}"#).await;
+    assert_eq!(status["admission"]["admitted"], 1, "{status}");
+
+    // A live switch agent, admitted once the permit is free.
+    let scfg = switch_config(pki.issue("sw1"), server, &["openflow=ptcp:0".to_string()]);
+    let agent = SwitchAgent::start(scfg).await.unwrap();
+    assert!(
+        agent.wait_connected(idle - Duration::from_secs(2)).await,
+        "the switch agent got no permit while the silent handshake lived"
+    );
+    let status = control(&control_sock, r#"{"cmd":"status"}"#).await;
+    assert_eq!(status["admission"]["admitted"], 2, "{status}");
+    assert!(
+        status["admission"]["slow"].as_u64() >= Some(1),
+        "the silent handshake is counted as one that gave its permit back: {status}"
+    );
+    assert_eq!(
+        status["connections"].as_array().unwrap().len(),
+        1,
+        "the silent attempt is no connection: {status}"
+    );
+
+    waiting_attempt.abort();
+    silent.close(0u32.into(), b"");
     agent.shutdown().await;
     controller.shutdown().await;
 }

@@ -534,8 +534,9 @@ pub struct ControllerArgs {
     /// beyond wait for a free slot (returning switches first) and are refused
     /// (CONNECTION_REFUSED) only after waiting 2/3 of the idle timeout or when 128
     /// per slot already wait; a refused switch agent comes back within a second.
-    /// So a reconnect storm after a restart is served at the pace the CPU allows
-    /// instead of collapsing. 0: no limit. [default: 128]
+    /// A handshake still incomplete after 1 s (its switch agent gone) gives its
+    /// slot back. So a reconnect storm after a restart is served at the pace the
+    /// CPU allows instead of collapsing. 0: no limit. [default: 128]
     #[arg(long, value_name = "N")]
     pub max_handshakes: Option<usize>,
     /// Worker processes sharing the UDP port (SO_REUSEPORT), one per core to

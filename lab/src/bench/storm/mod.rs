@@ -293,6 +293,9 @@ pub struct Restart {
     pub refused: u64,
     pub admitted: u64,
     pub waited: u64,
+    /// Handshakes that gave their permit back incomplete
+    /// (`quicsdn_agent::admission::PERMIT_HOLD`).
+    pub slow: u64,
     pub zero_rtt_conns: usize,
     /// Datagrams dropped at its UDP socket.
     pub udp_drops: u64,
@@ -386,6 +389,7 @@ pub const RESTARTS_CSV: &[&str] = &[
     "back_per_s",
     "ctl_threads",
     "ctl_workers",
+    "slow_handshakes",
 ];
 pub const SWITCHES_CSV: &[&str] = &["config", "restart", "switch", "back_s", "handshakes"];
 pub const STEADY_CSV: &[&str] = &[
@@ -1178,6 +1182,7 @@ impl Bench {
                 refused: admission("refused"),
                 admitted: admission("admitted"),
                 waited: admission("waited"),
+                slow: admission("slow"),
                 zero_rtt_conns,
                 udp_drops: procs::udp_drops(self.port).saturating_sub(drops0),
                 ovs_attempts: hosts.attempts() - attempts0,
@@ -1204,8 +1209,8 @@ fn opt(v: Option<f64>) -> String {
 fn print_restart(r: &Restart) {
     println!(
         "{} restart {}: every switch back {} s ({}/{} back; p50 {:.2} s, p90 {:.2} s; {} per second from the first to the last); new agent listening after {:.2} s; \
-         its CPU {:.2} s ({:.2} ms per switch), {:.1} MiB; switch side CPU {:.2} s; other processes {:.1} cores; waited {}, refused {}, admitted {}, 0-RTT connections {}, \
-         UDP drops {}; OVS attempts {} (HELLO timeouts {}, inactivity-probe timeouts {})",
+         its CPU {:.2} s ({:.2} ms per switch), {:.1} MiB; switch side CPU {:.2} s; other processes {:.1} cores; waited {}, refused {}, admitted {}, slow handshakes {}, \
+         0-RTT connections {}, UDP drops {}; OVS attempts {} (HELLO timeouts {}, inactivity-probe timeouts {})",
         r.config.name,
         r.index,
         opt(r.all_back()),
@@ -1224,6 +1229,7 @@ fn print_restart(r: &Restart) {
         r.waited,
         r.refused,
         r.admitted,
+        r.slow,
         r.zero_rtt_conns,
         r.udp_drops,
         r.ovs_attempts,
@@ -1333,6 +1339,7 @@ fn write_results(
                 .unwrap_or_default(),
             r.config.threads.map(|n| n.to_string()).unwrap_or_default(),
             r.config.workers.to_string(),
+            r.slow.to_string(),
         ]);
         for d in 1..=r.switches as u64 {
             sc.push(vec![
@@ -1571,6 +1578,7 @@ mod tests {
             refused: 0,
             admitted: 0,
             waited: 0,
+            slow: 0,
             zero_rtt_conns: 0,
             udp_drops: 0,
             ovs_attempts: 0,

@@ -142,7 +142,6 @@ async fn a_refused_switch_agent_keeps_ovs_waiting_and_gets_through_once_admitted
 /// handshake's idle timeout only if the silent one lets its permit go.
 #[tokio::test]
 async fn a_silent_handshake_lets_its_permit_go() {
-    use tokio::net::UdpSocket;
     let pki = Pki::new();
     let fake = FakeController::new().await;
     let control_sock = pki.path().join("ctl.sock");
@@ -155,29 +154,11 @@ async fn a_silent_handshake_lets_its_permit_go() {
     let controller = ControllerAgent::start(ccfg).await.unwrap();
     let server = controller.local_addr().unwrap();
 
-    // The silent attempt: a real switch agent's Initial, through a relay that
-    // passes what the client sends until the controller agent answers (it
-    // has admitted the attempt) and nothing in either direction after that.
-    let front = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let back = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    back.connect(server).await.unwrap();
-    let relay_addr = front.local_addr().unwrap();
-    let relay = tokio::spawn(async move {
-        let (mut buf, mut answer) = (vec![0u8; 65536], vec![0u8; 65536]);
-        loop {
-            tokio::select! {
-                r = front.recv_from(&mut buf) => {
-                    let (n, _) = r.unwrap();
-                    back.send(&buf[..n]).await.unwrap();
-                }
-                // The controller agent's first answer: admitted.
-                r = back.recv(&mut answer) => {
-                    r.unwrap();
-                    return;
-                }
-            }
-        }
-    });
+    // The silent attempt: a real switch agent's, through a relay that holds
+    // back every answer of the controller agent, so the handshake never
+    // completes.
+    let relay = Relay::start(server).await;
+    relay.hold.send_replace(true);
     let creds = Credentials::load(&pki.issue("silent")).unwrap();
     // Its transport parameters (in the Initial) offer the same idle timeout:
     // the handshake lives that long at the controller agent unless closed.
@@ -186,14 +167,20 @@ async fn a_silent_handshake_lets_its_permit_go() {
         ..QuicOptions::default()
     };
     let silent = quic::client_endpoint("127.0.0.1:0".parse().unwrap(), &creds, &opts).unwrap();
-    let attempt = silent.connect(relay_addr, "controller-agent").unwrap();
+    let attempt = silent.connect(relay.addr, "controller-agent").unwrap();
     let waiting_attempt = tokio::spawn(attempt);
-    tokio::time::timeout(PATIENCE, relay)
-        .await
-        .expect("the controller agent never answered the first attempt")
-        .unwrap();
-    let status = control(&control_sock, r#"{"cmd":"status"}"#).await;
-    assert_eq!(status["admission"]["admitted"], 1, "{status}");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let status = control(&control_sock, r#"{"cmd":"status"}"#).await;
+        if status["admission"]["admitted"] == 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the first attempt was never admitted: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     // A live switch agent, admitted once the permit is free.
     let scfg = switch_config(pki.issue("sw1"), server, &["openflow=ptcp:0".to_string()]);

@@ -812,7 +812,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: Box<quinn::Incoming>, pe
         early.as_ref().map(|((_, rx), _)| rx.clone()),
         (inner.metrics.clone(), inner.taps.clone()),
     );
-    let serving = link.clone().serve();
+    let serving = link.clone().serve(&inner.config.common.quic);
     tokio::pin!(serving);
     if let Some(((confirmed, _), done)) = early {
         // Registering supersedes the switch's older connection, so it waits for

@@ -10,7 +10,9 @@ use crate::session::{
 use bytes::{Bytes, BytesMut};
 use quicsdn_lanes::rules::Direction;
 use quicsdn_lanes::{CoalesceConfig, StreamMode};
+use quicsdn_transport::liveness;
 use quicsdn_transport::local::{LocalRead, LocalStream, LocalWrite};
+use quicsdn_transport::quic::QuicOptions;
 use quicsdn_wire::preamble::{Hello, Opener, SessionPreamble, StreamStart, code};
 use quinn::{RecvStream, SendStream, VarInt};
 use std::collections::HashMap;
@@ -205,10 +207,36 @@ impl Link {
     }
 
     /// Serves streams the peer opens until the connection closes, and returns why
-    /// it closed.
-    pub async fn serve(self: Arc<Self>) -> quinn::ConnectionError {
+    /// it closed. A connection whose peer has not answered for the grace
+    /// period (`quic.idle_timeout`, counted as QUIC counts idleness) is
+    /// closed here, with [`code::SILENT`], even when quinn's idle timer would
+    /// wait longer ([`liveness`]); that ending is returned as
+    /// [`quinn::ConnectionError::TimedOut`].
+    pub async fn serve(self: Arc<Self>, quic: &QuicOptions) -> quinn::ConnectionError {
+        // The switch agent checks its one connection every eighth of the
+        // grace period; the controller agent every half, as 10,000 idle
+        // connections checked every eighth cost it 4 points of a core more
+        // (docs/scale.md, "A dead peer after a storm").
+        let checks = if self.on_switch() { 8 } else { 2 };
+        let silence = liveness::silence(&self.conn, quic.idle_timeout, checks);
+        tokio::pin!(silence);
         loop {
             tokio::select! {
+                s = &mut silence => {
+                    warn!(
+                        switch = %self.switch,
+                        "nothing from the {} for {:.1}s, nor for the grace period ({:.1}s) since this \
+                         agent last asked for an answer: giving the connection up (its RTT estimate \
+                         is {} ms, so QUIC's own idle timer, at least three probe timeouts, would wait \
+                         longer)",
+                        self.names().1,
+                        s.silent.as_secs_f64(),
+                        quic.idle_timeout.as_secs_f64(),
+                        s.rtt.as_millis(),
+                    );
+                    self.conn.close(VarInt::from_u32(code::SILENT), b"nothing heard for the grace period");
+                    return quinn::ConnectionError::TimedOut;
+                }
                 bi = self.conn.accept_bi() => match bi {
                     Ok((send, recv)) => {
                         tokio::spawn(self.clone().incoming(send, recv));

@@ -525,7 +525,7 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
                     }
                 };
                 let reason = tokio::select! {
-                    r = link.clone().serve() => r,
+                    r = link.clone().serve(&inner.config.common.quic) => r,
                     first = probe => {
                         // New sessions go to the first at once; closing this
                         // connection closes OVS's connections through it, and
@@ -567,8 +567,14 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
                     info!(switch = %inner.identity, "the controller agent is busy (admission control refused the connection); retrying shortly");
                     Ended::Refused
                 } else {
+                    let stats = link.conn.stats();
                     warn!(
                         switch = %inner.identity, controller = %addr,
+                        rtt_ms = stats.path.rtt.as_millis() as u64,
+                        cwnd = stats.path.cwnd,
+                        sent = stats.path.sent_packets,
+                        lost = stats.path.lost_packets,
+                        rx = stats.udp_rx.datagrams,
                         "connection to the controller agent lost ({reason}); closing OVS's connections"
                     );
                     if superseded(&reason) {

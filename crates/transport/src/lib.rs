@@ -10,7 +10,8 @@
 //! * [`quic`] — quinn endpoints with quicsdn's transport settings;
 //!   [`loss_tolerant_bbr`] — a loss-tolerant congestion controller (`bbr-lt`, the proxy's default);
 //!   [`resumption`] — the server's TLS session store behind 0-RTT;
-//!   [`keylog`] — TLS secrets for Wireshark (`SSLKEYLOGFILE`, `snoop --keylog`).
+//!   [`keylog`] — TLS secrets for Wireshark (`SSLKEYLOGFILE`, `snoop --keylog`);
+//!   [`liveness`] — the grace period kept when QUIC's idle timer waits longer.
 //! * [`backoff`] — OVS-like reconnect backoff with jitter (pure);
 //!   [`shutdown`] — the stop signal of a process's tasks.
 
@@ -18,6 +19,7 @@ pub mod backoff;
 pub mod files;
 pub mod identity;
 pub mod keylog;
+pub mod liveness;
 pub mod local;
 pub mod loss_tolerant_bbr;
 pub mod no_ecn;

@@ -540,47 +540,8 @@ pub fn server_endpoint_on(
     let server = server_config(creds, opts, sessions)?;
     let keys = RestartStableKeys::new(creds, listen);
     let mut config = EndpointConfig::new(keys.stateless_reset());
-    let cid_key = keys.connection_ids();
-    let cid_len = opts.cid_len;
-    let issued_len = match routing {
-        None => {
-            config
-                .cid_generator(move || Box::new(KeyedConnectionIdGenerator::new(cid_key, cid_len)));
-            quinn::ConnectionIdGenerator::cid_len(&KeyedConnectionIdGenerator::new(
-                cid_key, cid_len,
-            ))
-        }
-        Some(prefix) => {
-            let checked = crate::quic_lb::ServerIdCidGenerator::new(
-                crate::reuseport::CONFIG_ROTATION,
-                prefix,
-                cid_key,
-            )
-            .map_err(|e| TlsError::Config(e.to_string()))?;
-            let len = quinn::ConnectionIdGenerator::cid_len(&checked);
-            let prefix = prefix.to_vec();
-            // Checked above, so this cannot fail.
-            config.cid_generator(move || {
-                Box::new(
-                    crate::quic_lb::ServerIdCidGenerator::new(
-                        crate::reuseport::CONFIG_ROTATION,
-                        &prefix,
-                        cid_key,
-                    )
-                    .expect("checked above"),
-                )
-            });
-            len
-        }
-    };
-    // After a crash every switch agent lost contact at the same instant, so
-    // their probes arrive together; quinn's default of one reset per 20 ms
-    // answered a few per burst and left the rest to their grace period. No
-    // limit instead: RFC 9000 §10.3.3 "An endpoint MUST ensure that every
-    // Stateless Reset that it sends is smaller than the packet that triggered
-    // it" (quinn does), so it amplifies nothing, and only a packet whose
-    // connection ID passes the keyed check below earns one.
-    config.min_reset_interval(Duration::ZERO);
+    // The predecessor's switch agents, first: the IDs they still send to are
+    // never issued here (`roster::NotTaken`).
     let predecessors = match roster {
         Some(path) => {
             let (predecessors, bad) = crate::roster::Predecessors::load(
@@ -600,6 +561,58 @@ pub fn server_endpoint_on(
         }
         None => None,
     };
+    let taken: Arc<std::collections::HashSet<quinn::ConnectionId>> = Arc::new(
+        predecessors
+            .as_ref()
+            .map(|p| p.cids().cloned().collect())
+            .unwrap_or_default(),
+    );
+    let cid_key = keys.connection_ids();
+    let cid_len = opts.cid_len;
+    let issued_len = match routing {
+        None => {
+            config.cid_generator(move || {
+                Box::new(crate::roster::NotTaken::new(
+                    KeyedConnectionIdGenerator::new(cid_key, cid_len),
+                    taken.clone(),
+                ))
+            });
+            quinn::ConnectionIdGenerator::cid_len(&KeyedConnectionIdGenerator::new(
+                cid_key, cid_len,
+            ))
+        }
+        Some(prefix) => {
+            let checked = crate::quic_lb::ServerIdCidGenerator::new(
+                crate::reuseport::CONFIG_ROTATION,
+                prefix,
+                cid_key,
+            )
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+            let len = quinn::ConnectionIdGenerator::cid_len(&checked);
+            let prefix = prefix.to_vec();
+            // Checked above, so this cannot fail.
+            config.cid_generator(move || {
+                Box::new(crate::roster::NotTaken::new(
+                    crate::quic_lb::ServerIdCidGenerator::new(
+                        crate::reuseport::CONFIG_ROTATION,
+                        &prefix,
+                        cid_key,
+                    )
+                    .expect("checked above"),
+                    taken.clone(),
+                ))
+            });
+            len
+        }
+    };
+    // After a crash every switch agent lost contact at the same instant, so
+    // their probes arrive together; quinn's default of one reset per 20 ms
+    // answered a few per burst and left the rest to their grace period. No
+    // limit instead: RFC 9000 §10.3.3 "An endpoint MUST ensure that every
+    // Stateless Reset that it sends is smaller than the packet that triggered
+    // it" (quinn does), so it amplifies nothing, and only a packet whose
+    // connection ID passes the keyed check below earns one.
+    config.min_reset_interval(Duration::ZERO);
     // The predecessor's file stays until this agent's first switch is
     // recorded: should this agent crash before any comes back, its successor
     // resets them again.

@@ -64,6 +64,9 @@ pub mod code {
     /// Connection: the switch agent moved back to its preferred controller
     /// agent (`--controller` given several times).
     pub const FAILBACK: u32 = 0x13;
+    /// Connection: nothing arrived from the peer for the grace period; the
+    /// sender gave the connection up (`quicsdn_transport::liveness`).
+    pub const SILENT: u32 = 0x14;
 
     /// A human-readable name for logs.
     pub fn describe(code: u64) -> &'static str {
@@ -80,6 +83,7 @@ pub mod code {
             SUPERSEDED => "superseded by a newer connection",
             ZERO_RTT_REJECTED => "0-RTT rejected, reconnecting",
             FAILBACK => "moved back to the preferred controller agent",
+            SILENT => "nothing heard for the grace period",
             _ => "unrecognised error code",
         }
     }

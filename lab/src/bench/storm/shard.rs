@@ -30,8 +30,10 @@ use crate::pki::Pki;
 /// OVS.
 pub const FDS_PER_HOSTED_SWITCH: u64 = 4;
 
-/// Tracing directives for the switch agents a shard hosts (`info`, …);
-/// unset, they log nothing. With `QUICSDN_STORM_KEEP=1` the shard logs stay.
+/// Tracing directives for the switch agents a shard hosts and its simulated
+/// OVS (`info`, …; `quicsdn_lab::bench::storm::sim=debug` logs each simulated
+/// OVS's reconnection and why); unset, they log nothing. The controller
+/// agents get them as `--log-level`. With `QUICSDN_STORM_KEEP=1` the logs stay.
 pub const LOG_ENV: &str = "QUICSDN_STORM_LOG";
 
 /// What a shard is told: `PORT,FIRST,LAST,CONFIG,WORK_DIR`.

@@ -306,30 +306,36 @@ async fn simulated_switch(path: PathBuf, dpid: u64, timing: OvsTiming, stats: Ar
     let mut backoff = Backoff::new(Instant::now(), timing.max_backoff);
     // rconn_connect(): the first attempt is immediate.
     loop {
-        attempt(&path, dpid, timing, &stats, &mut backoff).await;
+        let why = attempt(&path, dpid, timing, &stats, &mut backoff).await;
         // S_BACKOFF.
-        tokio::time::sleep(backoff.disconnected(Instant::now())).await;
+        let wait = backoff.disconnected(Instant::now());
+        tracing::debug!(
+            dpid,
+            wait_ms = wait.as_millis() as u64,
+            "simulated OVS: {why}; reconnecting"
+        );
+        tokio::time::sleep(wait).await;
     }
 }
 
 /// reconnect(), S_CONNECTING and S_ACTIVE/S_IDLE of one connection; returns
-/// when it ends.
+/// when it ends, with why (for the shard's debug log).
 async fn attempt(
     path: &PathBuf,
     dpid: u64,
     timing: OvsTiming,
     stats: &FleetStats,
     backoff: &mut Backoff,
-) {
+) -> &'static str {
     stats.attempts.fetch_add(1, Ordering::Relaxed);
     let Ok(stream) = UnixStream::connect(path).await else {
         backoff.attempt_failed();
-        return;
+        return "connect failed";
     };
     let hello_wait = backoff.connecting(Instant::now());
     let mut c = OfConn::new(stream);
     if !c.send(&build::hello(0)).await {
-        return;
+        return "sending HELLO failed";
     }
     // S_CONNECTING: until the peer's HELLO.
     match tokio::time::timeout(hello_wait, c.recv()).await {
@@ -341,11 +347,11 @@ async fn attempt(
             );
             stats.hello_timeouts.fetch_add(1, Ordering::Relaxed);
             backoff.attempt_failed();
-            return;
+            return "no HELLO in time";
         }
         Ok(Some((h, _))) if h.msg_type == msg_type::HELLO => {}
         // Closed, or anything else before HELLO: a protocol error to vconn.
-        Ok(_) => return,
+        Ok(_) => return "closed before HELLO",
     }
     stats.connected.fetch_add(1, Ordering::Relaxed);
     // S_ACTIVE / S_IDLE: answer the controller, probe when idle.
@@ -355,11 +361,11 @@ async fn attempt(
             ProbeAction::Drop => {
                 tracing::info!(dpid, "simulated OVS: no response to inactivity probe");
                 stats.probe_timeouts.fetch_add(1, Ordering::Relaxed);
-                return;
+                return "no response to inactivity probe";
             }
             ProbeAction::SendEcho => {
                 if !c.send(&build::echo_request(0, &[])).await {
-                    return;
+                    return "closed (sending ECHO)";
                 }
                 continue;
             }
@@ -368,7 +374,7 @@ async fn attempt(
         let (h, bytes) =
             match tokio::time::timeout_at(tokio::time::Instant::from_std(until), c.recv()).await {
                 Err(_) => continue,
-                Ok(None) => return,
+                Ok(None) => return "closed by the switch agent",
                 Ok(Some(m)) => m,
             };
         probe.activity(Instant::now());
@@ -383,7 +389,7 @@ async fn attempt(
         if let Some(r) = reply
             && !c.send(&r).await
         {
-            return;
+            return "closed (sending a reply)";
         }
     }
 }

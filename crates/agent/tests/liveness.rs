@@ -1,0 +1,139 @@
+//! A controller agent that goes silent is given up within the grace period,
+//! even when the switch agent's RTT estimate has grown (a busy controller
+//! agent, as after a reconnect storm) and QUIC's own idle timer, never less
+//! than three probe timeouts (RFC 9000 §10.1), would wait several times
+//! longer (`quicsdn_transport::liveness`; docs/scale.md, "A dead peer after a
+//! storm").
+
+mod support;
+
+use quicsdn_agent::{ControllerAgent, SwitchAgent};
+use quicsdn_transport::quic::agent_keepalive_for;
+use quicsdn_wire::openflow::build;
+use std::time::Duration;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const GRACE: Duration = Duration::from_secs(2);
+/// How long the relay holds the controller agent's packets back each time:
+/// below the grace period, so the connection lives, and long enough that each
+/// time the switch agent's RTT estimate takes a sample of about this much.
+const BUSY: Duration = Duration::from_millis(1500);
+
+async fn read_message(
+    r: &mut (impl AsyncReadExt + Unpin),
+    len: usize,
+    logs: &LogCapture,
+) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    let read = tokio::time::timeout(PATIENCE, r.read_exact(&mut buf))
+        .await
+        .expect("a message never arrived");
+    if let Err(e) = read {
+        panic!("{e}: {}", logs.text());
+    }
+    buf
+}
+
+/// What the switch agent's connection has received, from its status.
+async fn received_bytes(control_sock: &std::path::Path) -> u64 {
+    let status = control(control_sock, r#"{"cmd":"status"}"#).await;
+    status["connections"][0]["udp_rx_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no connection: {status}"))
+}
+
+#[tokio::test]
+async fn a_silent_controller_agent_is_given_up_within_the_grace_period_whatever_the_rtt_estimate() {
+    let (logs, _guard) = LogCapture::install();
+    let pki = Pki::new();
+    let fake = FakeController::new().await;
+    let mut ccfg = controller_config(&pki, &[format!("openflow={}", fake.target())]);
+    ccfg.common.quic.idle_timeout = GRACE;
+    ccfg.common.quic.keepalive = agent_keepalive_for(GRACE);
+    let controller = ControllerAgent::start(ccfg).await.unwrap();
+    let relay = Relay::start(controller.local_addr().unwrap()).await;
+    let control_sock = pki.path().join("sw1.sock");
+    let mut scfg = switch_config(
+        pki.issue("sw1"),
+        relay.addr,
+        &["openflow=ptcp:0".to_string()],
+    );
+    scfg.common.quic.idle_timeout = GRACE;
+    scfg.common.quic.keepalive = agent_keepalive_for(GRACE);
+    scfg.common.control = Some(control_sock.clone());
+    // Reconnecting into the relay that holds everything must not hide the loss.
+    scfg.max_backoff = Duration::from_secs(30);
+    let agent = SwitchAgent::start(scfg).await.unwrap();
+    assert!(agent.wait_connected(PATIENCE).await);
+
+    // An OpenFlow session through both agents.
+    let mut ovs = ovs_connect(&agent, "openflow").await;
+    let hello = build::hello(1);
+    ovs.write_all(&hello).await.unwrap();
+    let mut ctl = fake.accept().await;
+    assert_eq!(read_message(&mut ctl, hello.len(), &logs).await, hello);
+    let answer = build::hello(2);
+    ctl.write_all(&answer).await.unwrap();
+    assert_eq!(read_message(&mut ovs, answer.len(), &logs).await, answer);
+
+    // A busy controller agent: its packets (the acknowledgements of what OVS
+    // sends among them) come 1.5 s late, five times.
+    for xid in 0..5 {
+        relay.hold.send_replace(true);
+        // A message the switch agent forwards (it answers OVS's echo requests
+        // itself while the controller is slow).
+        let reply = build::features_reply(100 + xid, 1);
+        ovs.write_all(&reply).await.unwrap();
+        // The delay being emulated, not a wait for readiness.
+        tokio::time::sleep(BUSY).await;
+        let before = received_bytes(&control_sock).await;
+        relay.hold.send_replace(false);
+        assert_eq!(read_message(&mut ctl, reply.len(), &logs).await, reply);
+        // The held packets reach the switch agent before the next hold (the
+        // relay would otherwise see only the last of two quick changes).
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while received_bytes(&control_sock).await == before {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the held packets never arrived"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(agent.is_connected(), "lost during busy period {xid}");
+    }
+    let status = control(&control_sock, r#"{"cmd":"status"}"#).await;
+    let rtt_ms = status["connections"][0]["rtt_ms"].as_f64().unwrap();
+    // On loopback: the busy periods are in it. quinn's idle timer now waits
+    // three probe timeouts, each the smoothed RTT plus four times its
+    // variation.
+    assert!(rtt_ms > 500.0, "RTT estimate {rtt_ms} ms: {status}");
+
+    // The controller agent falls silent for good. Giving the connection up
+    // closes OVS's connection (a 0-RTT reconnect follows at once, so
+    // `is_connected` would not show it).
+    relay.hold.send_replace(true);
+    let silent_from = tokio::time::Instant::now();
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(PATIENCE, ovs.read_to_end(&mut rest)).await;
+    let took = silent_from.elapsed();
+    assert!(
+        closed.is_ok(),
+        "OVS's connection stayed open: {}",
+        logs.text()
+    );
+    // The grace period after the switch agent's next keep-alive (it hears
+    // nothing after the hold began), an eighth of it between checks, and
+    // slack for a slow machine: well short of quinn's idle timer (without
+    // the agents' own check this test measured 11.6 s).
+    assert!(
+        took < agent_keepalive_for(GRACE) + GRACE + GRACE / 2,
+        "given up after {took:?} (RTT estimate {rtt_ms} ms): {}",
+        logs.text()
+    );
+    let said = logs.lines_with(&["nothing from the controller agent", "grace period (2.0s)"]);
+    assert!(!said.is_empty(), "{}", logs.text());
+
+    agent.shutdown().await;
+    controller.shutdown().await;
+}

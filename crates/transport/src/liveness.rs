@@ -1,0 +1,312 @@
+//! The grace period, kept whatever the RTT estimate says.
+//!
+//! quinn gives a silent connection up after `max(idle timeout, 3 × PTO)`:
+//! RFC 9000 §10.1, "To avoid excessively small idle timeout periods,
+//! endpoints MUST increase the idle timeout period to be at least three times
+//! the current Probe Timeout (PTO)". The PTO is the smoothed RTT plus four
+//! times its variation (RFC 9002 §6.2.1), and time a packet spends queued at a
+//! busy peer counts as RTT. After a reconnect storm an idle connection keeps
+//! that RTT for a long while (it takes a sample only every few seconds): at
+//! 10,000 switches on loopback the switch agents' smoothed RTT was 2.5 s
+//! (median) 20 s after the storm, and a switch agent whose controller agent
+//! then stopped waited 29 s for its idle timer instead of the 6 s grace
+//! period, while OVS, whose fail mode starts after 15 s, waited with it
+//! (docs/scale.md, "A dead peer after a storm").
+//!
+//! [`SilenceWatch`] is the agents' own idle timer beside quinn's, the same
+//! rule without the floor: a connection is given up when nothing has arrived
+//! for the grace period since the later of the last datagram received and the
+//! first ack-eliciting frame sent after it (§10.1: "An endpoint also
+//! restarts its idle timer when sending an ack-eliciting packet if no other
+//! ack-eliciting packets have been sent since last receiving and processing a
+//! packet"). Counting from the send matters: a first version counted from the
+//! last receipt only, and at 10,000 switches it gave up ~15,000 live
+//! connections per run whose keep-alive a busy controller agent answered a
+//! second or two late. What the floor protects, a live peer on a slow path,
+//! is kept by a floor of the path's own: three probe timeouts of the smallest
+//! RTT estimate seen, not of an estimate a storm inflated.
+//!
+//! Sans-IO: [`SilenceWatch`] is fed the connection's counters and RTT
+//! estimate with the time; [`silence`] is its driver over a
+//! [`quinn::Connection`].
+
+use std::time::{Duration, Instant};
+
+/// Shortest interval between two checks.
+const MIN_TICK: Duration = Duration::from_millis(100);
+
+/// A probe timeout in RTTs when the estimate has no variation to speak of:
+/// srtt + 4 × rttvar with rttvar at its first sample's srtt / 2 (RFC 9002
+/// §5.3, §6.2.1).
+const PTO_IN_RTTS: u32 = 3;
+
+/// How a connection went silent, for the log line that gives it up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Silence {
+    /// How long nothing had arrived.
+    pub silent: Duration,
+    /// quinn's smoothed RTT estimate then.
+    pub rtt: Duration,
+}
+
+/// What the watch reads off a connection at each check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counters {
+    /// Datagrams received.
+    pub received: u64,
+    /// Ack-eliciting frames sent (every frame but ACK, PADDING and
+    /// CONNECTION_CLOSE: RFC 9002 §2).
+    pub eliciting_sent: u64,
+    /// quinn's smoothed RTT estimate.
+    pub rtt: Duration,
+}
+
+impl Counters {
+    pub fn of(stats: &quinn::ConnectionStats) -> Counters {
+        let f = &stats.frame_tx;
+        let eliciting_sent = f.ack_frequency
+            + f.crypto
+            + f.data_blocked
+            + f.datagram
+            + u64::from(f.handshake_done)
+            + f.immediate_ack
+            + f.max_data
+            + f.max_stream_data
+            + f.max_streams_bidi
+            + f.max_streams_uni
+            + f.new_connection_id
+            + f.new_token
+            + f.path_challenge
+            + f.path_response
+            + f.ping
+            + f.reset_stream
+            + f.retire_connection_id
+            + f.stream_data_blocked
+            + f.streams_blocked_bidi
+            + f.streams_blocked_uni
+            + f.stop_sending
+            + f.stream;
+        Counters {
+            received: stats.udp_rx.datagrams,
+            eliciting_sent,
+            rtt: stats.path.rtt,
+        }
+    }
+}
+
+/// The liveness check of one connection.
+#[derive(Debug, Clone)]
+pub struct SilenceWatch {
+    grace: Duration,
+    /// Checks per grace period.
+    checks: u32,
+    /// The smallest smoothed RTT seen on the connection.
+    path_rtt: Duration,
+    /// The counters at the last check that saw a datagram arrive.
+    last: Counters,
+    /// That check: the datagram arrived at or before it, so silence measured
+    /// from here is never overstated.
+    heard: Instant,
+    /// The first check after `heard` that saw an ack-eliciting frame sent.
+    asked: Option<Instant>,
+}
+
+impl SilenceWatch {
+    /// A watch starting at `now` with the connection's counters then, that
+    /// checks `checks` times per grace period.
+    pub fn new(now: Instant, grace: Duration, checks: u32, counters: Counters) -> Self {
+        SilenceWatch {
+            grace,
+            checks: checks.max(1),
+            path_rtt: counters.rtt,
+            last: counters,
+            heard: now,
+            asked: None,
+        }
+    }
+
+    /// How often to check: a dead peer is given up at most this long after
+    /// the limit.
+    pub fn tick(&self) -> Duration {
+        (self.grace / self.checks).max(MIN_TICK)
+    }
+
+    /// How long nothing may arrive after we asked: the grace period, or on a
+    /// path too slow for it, three of the path's probe timeouts.
+    pub fn limit(&self) -> Duration {
+        self.grace
+            .max(self.path_rtt.saturating_mul(PTO_IN_RTTS * 3))
+    }
+
+    /// One check at `now`. `Some` once nothing has arrived for [`Self::limit`]
+    /// since the later of the last arrival and the first ack-eliciting frame
+    /// sent after it.
+    pub fn check(&mut self, now: Instant, counters: Counters) -> Option<Silence> {
+        self.path_rtt = self.path_rtt.min(counters.rtt);
+        if counters.received != self.last.received {
+            self.last = counters;
+            self.heard = now;
+            self.asked = None;
+            return None;
+        }
+        if self.asked.is_none() && counters.eliciting_sent != self.last.eliciting_sent {
+            self.asked = Some(now);
+        }
+        let waited = now.saturating_duration_since(self.asked.unwrap_or(self.heard));
+        (waited >= self.limit()).then(|| Silence {
+            silent: now.saturating_duration_since(self.heard),
+            rtt: counters.rtt,
+        })
+    }
+}
+
+/// Resolves when `conn` has been silent past the limit (see
+/// [`SilenceWatch`]), checking `checks` times per grace period; never, while
+/// the peer answers. The caller closes the connection.
+pub async fn silence(conn: &quinn::Connection, grace: Duration, checks: u32) -> Silence {
+    let now = || tokio::time::Instant::now().into_std();
+    let mut watch = SilenceWatch::new(now(), grace, checks, Counters::of(&conn.stats()));
+    loop {
+        tokio::time::sleep(watch.tick()).await;
+        if let Some(s) = watch.check(now(), Counters::of(&conn.stats())) {
+            return s;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GRACE: Duration = Duration::from_secs(6);
+    const LAN: Duration = Duration::from_millis(1);
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn at(received: u64, eliciting_sent: u64, rtt: Duration) -> Counters {
+        Counters {
+            received,
+            eliciting_sent,
+            rtt,
+        }
+    }
+
+    /// Checks every tick from `start` for `span`, with the counters at each
+    /// instant given by `counters(t)`; the first silence seen, and when.
+    fn run(
+        watch: &mut SilenceWatch,
+        start: Instant,
+        span: Duration,
+        counters: impl Fn(Duration) -> Counters,
+    ) -> Option<(Duration, Silence)> {
+        let mut t = Duration::ZERO;
+        while t <= span {
+            t += watch.tick();
+            if let Some(s) = watch.check(start + t, counters(t)) {
+                return Some((t, s));
+            }
+        }
+        None
+    }
+
+    /// How many multiples of `every` fit in `t`.
+    fn count(t: Duration, every: Duration) -> u64 {
+        (t.as_millis() / every.as_millis()) as u64
+    }
+
+    #[test]
+    fn a_peer_that_answers_is_never_given_up() {
+        let start = Instant::now();
+        let mut w = SilenceWatch::new(start, GRACE, 8, at(0, 0, LAN));
+        // Something arrives every 5.9 s and nothing is sent, for ten minutes.
+        let r = run(&mut w, start, Duration::from_secs(600), |t| {
+            at(count(t, ms(5900)), 0, LAN)
+        });
+        assert_eq!(r, None);
+    }
+
+    #[test]
+    fn a_late_answer_to_what_we_sent_is_waited_for() {
+        // The keep-alive goes 5.25 s after the last arrival; a busy peer
+        // answers 5 s later. quinn's idle timer restarts at the send (RFC 9000
+        // §10.1), and so does this one: 10.25 s without a datagram is not
+        // silence here.
+        let start = Instant::now();
+        let mut w = SilenceWatch::new(start, GRACE, 8, at(0, 0, LAN));
+        let r = run(&mut w, start, Duration::from_secs(120), |t| {
+            let cycle = ms(10_250);
+            let within = t.as_millis() % cycle.as_millis();
+            at(
+                count(t, cycle),
+                count(t, cycle) + u64::from(within >= 5250),
+                LAN,
+            )
+        });
+        assert_eq!(r, None);
+    }
+
+    #[test]
+    fn a_silent_peer_is_given_up_a_grace_period_after_we_asked() {
+        let start = Instant::now();
+        let mut w = SilenceWatch::new(start, GRACE, 8, at(7, 0, LAN));
+        // Datagrams until 10 s, a keep-alive sent at 11 s, then nothing
+        // arrives; the RTT estimate inflated to 2.5 s by a storm after a LAN
+        // handshake, which puts quinn's floor near 30 s.
+        let (last, asked) = (ms(10_000), ms(11_000));
+        let (when, s) = run(&mut w, start, Duration::from_secs(60), |t| {
+            let rtt = if t < ms(2000) { LAN } else { ms(2500) };
+            at(7 + count(t.min(last), ms(500)), u64::from(t >= asked), rtt)
+        })
+        .expect("given up");
+        let waited = when - asked;
+        assert!(waited >= GRACE, "{waited:?}");
+        assert!(waited <= GRACE + 2 * w.tick(), "{waited:?}");
+        assert!(s.silent >= waited && s.silent <= when - last, "{s:?}");
+        assert_eq!(s.rtt, ms(2500));
+    }
+
+    #[test]
+    fn with_nothing_sent_silence_counts_from_the_last_arrival() {
+        let start = Instant::now();
+        let mut w = SilenceWatch::new(start, GRACE, 8, at(0, 0, LAN));
+        assert_eq!(w.check(start + ms(750), at(1, 0, LAN)), None);
+        assert_eq!(
+            w.check(start + ms(750) + GRACE - ms(1), at(1, 0, LAN)),
+            None
+        );
+        assert!(w.check(start + ms(750) + GRACE, at(1, 0, LAN)).is_some());
+    }
+
+    #[test]
+    fn on_a_slow_path_the_limit_is_three_of_its_probe_timeouts() {
+        let start = Instant::now();
+        // A 1 s path: a probe timeout of about 3 s.
+        let mut w = SilenceWatch::new(start, GRACE, 8, at(0, 0, ms(1000)));
+        assert_eq!(w.limit(), ms(9000));
+        assert_eq!(w.check(start + ms(750), at(1, 1, ms(1000))), None);
+        // A storm then inflates the estimate: the limit follows the path.
+        assert_eq!(w.check(start + ms(1500), at(2, 1, ms(4000))), None);
+        assert_eq!(w.limit(), ms(9000));
+        assert_eq!(
+            w.check(start + ms(1500) + ms(8999), at(2, 1, ms(4000))),
+            None
+        );
+        assert!(
+            w.check(start + ms(1500) + ms(9000), at(2, 1, ms(4000)))
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn on_a_lan_the_limit_is_the_grace_period() {
+        let start = Instant::now();
+        // Before any RTT sample quinn reports its initial 333 ms.
+        let mut w = SilenceWatch::new(start, GRACE, 8, at(0, 0, ms(333)));
+        assert_eq!(w.limit(), GRACE);
+        assert_eq!(w.tick(), ms(750));
+        assert_eq!(w.check(start + ms(750), at(0, 0, LAN)), None);
+        assert_eq!(w.limit(), GRACE);
+    }
+}

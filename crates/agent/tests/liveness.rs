@@ -20,21 +20,6 @@ const GRACE: Duration = Duration::from_secs(2);
 /// time the switch agent's RTT estimate takes a sample of about this much.
 const BUSY: Duration = Duration::from_millis(1500);
 
-async fn read_message(
-    r: &mut (impl AsyncReadExt + Unpin),
-    len: usize,
-    logs: &LogCapture,
-) -> Vec<u8> {
-    let mut buf = vec![0u8; len];
-    let read = tokio::time::timeout(PATIENCE, r.read_exact(&mut buf))
-        .await
-        .expect("a message never arrived");
-    if let Err(e) = read {
-        panic!("{e}: {}", logs.text());
-    }
-    buf
-}
-
 /// What the switch agent's connection has received, from its status.
 async fn received_bytes(control_sock: &std::path::Path) -> u64 {
     let status = control(control_sock, r#"{"cmd":"status"}"#).await;
@@ -72,10 +57,10 @@ async fn a_silent_controller_agent_is_given_up_within_the_grace_period_whatever_
     let hello = build::hello(1);
     ovs.write_all(&hello).await.unwrap();
     let mut ctl = fake.accept().await;
-    assert_eq!(read_message(&mut ctl, hello.len(), &logs).await, hello);
+    assert_eq!(read_exact_len(&mut ctl, hello.len()).await, hello);
     let answer = build::hello(2);
     ctl.write_all(&answer).await.unwrap();
-    assert_eq!(read_message(&mut ovs, answer.len(), &logs).await, answer);
+    assert_eq!(read_exact_len(&mut ovs, answer.len()).await, answer);
 
     // A busy controller agent: its packets (the acknowledgements of what OVS
     // sends among them) come 1.5 s late, five times.
@@ -89,7 +74,7 @@ async fn a_silent_controller_agent_is_given_up_within_the_grace_period_whatever_
         tokio::time::sleep(BUSY).await;
         let before = received_bytes(&control_sock).await;
         relay.hold.send_replace(false);
-        assert_eq!(read_message(&mut ctl, reply.len(), &logs).await, reply);
+        assert_eq!(read_exact_len(&mut ctl, reply.len()).await, reply);
         // The held packets reach the switch agent before the next hold (the
         // relay would otherwise see only the last of two quick changes).
         let deadline = tokio::time::Instant::now() + PATIENCE;

@@ -72,7 +72,7 @@ impl Snoop {
         wanted: Option<&str>,
         follow: bool,
     ) -> Result<Snoop, String> {
-        let names: Vec<String> = services.iter().map(|s| s.name.clone()).collect();
+        let names: Vec<String> = services.iter().map(|s| s.name.to_string()).collect();
         let service = pick("service", wanted, &names)?;
         let framing = services.get(&service).expect("picked").framing;
         Ok(Snoop {

@@ -994,7 +994,7 @@ fn health(inner: &Inner) -> (bool, serde_json::Value) {
         .services
         .iter()
         .filter(|s| s.opener == Opener::Switch)
-        .map(|s| s.name.clone())
+        .map(|s| s.name.to_string())
         .collect();
     let switches = inner.metrics.connected();
     let mut incomplete = Vec::new();

@@ -274,7 +274,7 @@ impl Link {
         let preamble = SessionPreamble {
             session: id,
             mode: mode.to_wire(),
-            service: service.name.clone(),
+            service: service.name.to_string(),
         };
         let (_route, lanes) = self.route((true, id));
         let early = self.early_gate();

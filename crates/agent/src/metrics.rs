@@ -166,9 +166,15 @@ impl RefusalReason {
     }
 }
 
+/// A switch's or service's name in a label set. Shared, not copied: every
+/// series of a switch names it, and the copies were 1.7 of the 4.8 KiB a
+/// controller agent's metrics kept per switch with one OpenFlow session
+/// (counted in glibc's chunks; docs/scale.md, issue 18).
+type Name = Arc<str>;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SwitchLabels {
-    switch: String,
+    switch: Name,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -180,13 +186,13 @@ enum HandshakeKind {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ConnectLabels {
-    switch: String,
+    switch: Name,
     handshake: HandshakeKind,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DisconnectLabels {
-    switch: String,
+    switch: Name,
     reason: DisconnectReason,
 }
 
@@ -199,14 +205,14 @@ enum ZeroRttResult {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ZeroRttLabels {
-    switch: String,
+    switch: Name,
     result: ZeroRttResult,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServiceLabels {
-    switch: String,
-    service: String,
+    switch: Name,
+    service: Name,
 }
 
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -227,15 +233,15 @@ impl From<Direction> for Way {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FlowLabels {
-    switch: String,
-    service: String,
+    switch: Name,
+    service: Name,
     direction: Way,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TypeLabels {
-    switch: String,
-    service: String,
+    switch: Name,
+    service: Name,
     direction: Way,
     r#type: &'static str,
 }
@@ -252,8 +258,8 @@ pub enum Origin {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MalformedLabels {
-    switch: String,
-    service: String,
+    switch: Name,
+    service: Name,
     origin: Origin,
 }
 
@@ -305,7 +311,7 @@ impl From<FlushReason> for FlushLabel {
 /// buckets by the switches.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CoalesceLabels {
-    service: String,
+    service: Name,
     direction: Way,
     reason: FlushLabel,
 }
@@ -323,7 +329,7 @@ fn flush_size_histogram() -> Histogram {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PeerCertLabels {
-    switch: String,
+    switch: Name,
     serial: String,
 }
 
@@ -350,7 +356,7 @@ pub struct Metrics {
     coalesce_messages: Histograms,
     /// The serial in `peer_cert` per switch, so a new one replaces it (one
     /// series per switch).
-    peer_serials: Mutex<HashMap<String, String>>,
+    peer_serials: Mutex<HashMap<Name, String>>,
     links: Arc<Links>,
 }
 
@@ -559,7 +565,7 @@ impl Metrics {
         self.refusals.get_or_create(&RefusalLabels { reason }).inc();
     }
 
-    pub fn zero_rtt(&self, switch: &str, accepted: bool) {
+    pub fn zero_rtt(&self, switch: &Name, accepted: bool) {
         let result = if accepted {
             ZeroRttResult::accepted
         } else {
@@ -567,7 +573,7 @@ impl Metrics {
         };
         self.zero_rtt
             .get_or_create(&ZeroRttLabels {
-                switch: switch.into(),
+                switch: switch.clone(),
                 result,
             })
             .inc();
@@ -583,7 +589,7 @@ impl Metrics {
         };
         self.connects
             .get_or_create(&ConnectLabels {
-                switch: link.switch.to_string(),
+                switch: link.switch.clone(),
                 handshake,
             })
             .inc();
@@ -594,23 +600,23 @@ impl Metrics {
     }
 
     /// The certificate the other agent presented on the switch's connection.
-    pub fn peer_certificate(&self, switch: &str, cert: &quicsdn_transport::identity::CertSummary) {
+    pub fn peer_certificate(&self, switch: &Name, cert: &quicsdn_transport::identity::CertSummary) {
         let mut serials = self.peer_serials.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(old) = serials.insert(switch.to_string(), cert.serial.clone()) {
+        if let Some(old) = serials.insert(switch.clone(), cert.serial.clone()) {
             self.peer_cert.remove(&PeerCertLabels {
-                switch: switch.to_string(),
+                switch: switch.clone(),
                 serial: old,
             });
         }
         self.peer_cert
             .get_or_create(&PeerCertLabels {
-                switch: switch.to_string(),
+                switch: switch.clone(),
                 serial: cert.serial.clone(),
             })
             .set(1);
         self.peer_cert_expiry
             .get_or_create(&SwitchLabels {
-                switch: switch.to_string(),
+                switch: switch.clone(),
             })
             .set(cert.not_after.unix_timestamp());
     }
@@ -621,7 +627,7 @@ impl Metrics {
         if self.links.down(link) {
             self.disconnects
                 .get_or_create(&DisconnectLabels {
-                    switch: link.switch.to_string(),
+                    switch: link.switch.clone(),
                     reason: DisconnectReason::of(reason),
                 })
                 .inc();
@@ -654,8 +660,8 @@ impl Metrics {
             .iter()
             .filter(|(_, s)| s.live().is_some_and(|l| l.is_alive()))
             .map(|(name, s)| {
-                let sessions = s.services.iter().map(|(svc, g)| (svc.clone(), g.get()));
-                (name.clone(), sessions.collect())
+                let sessions = s.services.iter().map(|(svc, g)| (svc.to_string(), g.get()));
+                (name.to_string(), sessions.collect())
             })
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -667,24 +673,24 @@ impl Metrics {
     /// in direction `sent`) and what it delivers to its local peer.
     pub fn session(
         &self,
-        switch: &str,
-        service: &str,
+        switch: &Name,
+        service: &Name,
         framing: Framing,
         sent: Direction,
     ) -> (SessionMeter, Meter, Meter) {
         let labels = ServiceLabels {
-            switch: switch.into(),
-            service: service.into(),
+            switch: switch.clone(),
+            service: service.clone(),
         };
         self.sessions_opened.get_or_create(&labels).inc();
         let open = self.sessions.get_or_create(&labels).clone();
         open.inc();
         self.links
             .map()
-            .entry(switch.into())
+            .entry(switch.clone())
             .or_default()
             .services
-            .entry(service.into())
+            .entry(service.clone())
             .or_insert_with(|| open.clone());
         let received = match sent {
             Direction::ToController => Direction::ToSwitch,
@@ -692,8 +698,8 @@ impl Metrics {
         };
         let meter = |d: Direction| {
             let labels = FlowLabels {
-                switch: switch.into(),
-                service: service.into(),
+                switch: switch.clone(),
+                service: service.clone(),
                 direction: d.into(),
             };
             Meter {
@@ -878,7 +884,7 @@ struct SwitchState {
     since: f64,
     closed: QuicTotals,
     migrations: u64,
-    services: HashMap<String, Gauge>,
+    services: HashMap<Name, Gauge>,
 }
 
 impl SwitchState {
@@ -888,7 +894,7 @@ impl SwitchState {
 }
 
 #[derive(Default)]
-struct Links(Mutex<HashMap<String, SwitchState>>);
+struct Links(Mutex<HashMap<Name, SwitchState>>);
 
 impl std::fmt::Debug for Links {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -903,13 +909,13 @@ fn unix_now() -> f64 {
 }
 
 impl Links {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, SwitchState>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Name, SwitchState>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn up(&self, link: &Arc<Link>) {
         let mut map = self.map();
-        let s = map.entry(link.switch.to_string()).or_default();
+        let s = map.entry(link.switch.clone()).or_default();
         // A connection that replaced one still open: keep what the old one counted.
         if let Some(old) = s.live.take().and_then(|l| l.upgrade()) {
             s.closed.add(QuicTotals::of(&old.conn.stats()));
@@ -965,7 +971,7 @@ fn per_switch<M: EncodeMetric>(
     name: &str,
     help: &str,
     unit: Option<&Unit>,
-    values: &[(String, M)],
+    values: &[(Name, M)],
 ) -> Result<(), std::fmt::Error> {
     let Some(first) = values.first() else {
         return Ok(());
@@ -984,13 +990,13 @@ impl Collector for LinkCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         self.0.check_addresses();
         let map = self.0.map();
-        let mut names: Vec<&String> = map.keys().collect();
+        let mut names: Vec<&Name> = map.keys().collect();
         names.sort();
-        type Row<T> = Vec<(String, T)>;
+        type Row<T> = Vec<(Name, T)>;
         let (mut up, mut cwnd, mut mtu): (Row<ConstGauge>, Row<ConstGauge>, Row<ConstGauge>) =
             Default::default();
         let (mut since, mut rtt): (Row<ConstGauge<f64>>, Row<ConstGauge<f64>>) = Default::default();
-        let mut totals: Vec<(String, QuicTotals, u64)> = Vec::new();
+        let mut totals: Vec<(Name, QuicTotals, u64)> = Vec::new();
         for name in names {
             let s = &map[name];
             let link = s.live();

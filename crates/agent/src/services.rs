@@ -11,7 +11,8 @@ use std::sync::Arc;
 /// A service, resolved for one agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Service {
-    pub name: String,
+    /// Shared with the metrics' label sets of every switch's sessions.
+    pub name: Arc<str>,
     pub framing: Framing,
     /// Where local connections come from (passive) or go to (active).
     pub target: Target,
@@ -38,7 +39,7 @@ impl ServiceTable {
             .iter()
             .map(|s: &ServiceConfig| {
                 Arc::new(Service {
-                    name: s.name.clone(),
+                    name: s.name.as_str().into(),
                     framing: s.framing,
                     target: s.target.clone(),
                     opener: s.opener(on_switch),
@@ -83,7 +84,7 @@ impl ServiceTable {
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<Service>> {
-        self.services.iter().find(|s| s.name == name)
+        self.services.iter().find(|s| &*s.name == name)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Service>> {
@@ -98,7 +99,7 @@ impl ServiceTable {
     pub fn names(&self) -> String {
         self.services
             .iter()
-            .map(|s| s.name.as_str())
+            .map(|s| &*s.name)
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -110,7 +111,7 @@ impl ServiceTable {
                 .services
                 .iter()
                 .map(|s| ServiceOffer {
-                    name: s.name.clone(),
+                    name: s.name.to_string(),
                     framing: s.framing.name().to_string(),
                     opener: s.opener,
                 })
@@ -129,7 +130,7 @@ impl ServiceTable {
         };
         let mut problems = Vec::new();
         for s in &self.services {
-            match theirs.services.iter().find(|o| o.name == s.name) {
+            match theirs.services.iter().find(|o| *o.name == *s.name) {
                 None => problems.push(format!(
                     "service {:?} is not configured on {peer}; its sessions will be refused",
                     s.name
@@ -234,13 +235,13 @@ mod tests {
         );
         assert_eq!(
             sw.opened_here()
-                .map(|s| s.name.as_str())
+                .map(|s| &*s.name)
                 .collect::<Vec<_>>(),
             ["openflow"]
         );
         assert_eq!(
             ctl.opened_here()
-                .map(|s| s.name.as_str())
+                .map(|s| &*s.name)
                 .collect::<Vec<_>>(),
             ["ovsdb"]
         );

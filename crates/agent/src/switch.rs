@@ -136,7 +136,7 @@ impl SwitchAgent {
             let listener = LocalListener::bind(&target)
                 .await
                 .map_err(|e| AgentError::Listen {
-                    service: service.name.clone(),
+                    service: service.name.to_string(),
                     target: target.to_string(),
                     reason: e.to_string(),
                 })?;
@@ -205,7 +205,7 @@ impl SwitchAgent {
         for (service, listener) in bound {
             let actual = listener.local_target();
             info!(switch = %inner.identity, service = %service.name, listen = %actual, "waiting for OVS");
-            listeners.push((service.name.clone(), actual));
+            listeners.push((service.name.to_string(), actual));
             tasks.spawn(accept_local(
                 inner.clone(),
                 service,
@@ -1180,7 +1180,7 @@ fn health(inner: &Inner) -> (bool, serde_json::Value) {
         .unwrap_or_default();
     let mut missing = Vec::new();
     for s in inner.services.opened_here() {
-        if sessions.get(&s.name).copied().unwrap_or(0) < 1 {
+        if sessions.get(&*s.name).copied().unwrap_or(0) < 1 {
             missing.push(s.name.clone());
         }
     }

@@ -383,7 +383,7 @@ async fn open_session(h: Handle, svc: Arc<Service>, local: LocalStream) {
     };
     let _ = h.cmds.send(Cmd::Control(ControlMsg::Open {
         session,
-        service: svc.name.clone(),
+        service: svc.name.to_string(),
     }));
     run_session(h, svc, ch, session, local).await;
 }
@@ -399,7 +399,7 @@ async fn run_session(h: Handle, svc: Arc<Service>, ch: u16, session: u64, local:
         to_local,
         credit: credit.clone(),
         queued: queued.clone(),
-        service: svc.name.clone(),
+        service: svc.name.to_string(),
     };
     if h.cmds.send(Cmd::Attach(ch, port)).is_err() {
         return;
@@ -617,7 +617,7 @@ impl UdpSwitchAgent {
             let l = LocalListener::bind(&target)
                 .await
                 .map_err(|e| AgentError::Listen {
-                    service: svc.name.clone(),
+                    service: svc.name.to_string(),
                     target: target.to_string(),
                     reason: e.to_string(),
                 })?;
@@ -630,7 +630,7 @@ impl UdpSwitchAgent {
         let mut tasks = JoinSet::new();
         let mut bound = Vec::new();
         for (svc, l) in listeners {
-            bound.push((svc.name.clone(), l.local_target()));
+            bound.push((svc.name.to_string(), l.local_target()));
             info!(switch = %identity, service = %svc.name, listen = %l.local_target(), "waiting for OVS");
             let (state, kick, shutdown) = (state.clone(), kick.clone(), shutdown.clone());
             tasks.spawn(async move {

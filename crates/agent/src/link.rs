@@ -208,9 +208,10 @@ impl Link {
 
     /// Serves streams the peer opens until the connection closes, and returns why
     /// it closed. A connection whose peer has not answered for the grace
-    /// period (`quic.idle_timeout`, counted as QUIC counts idleness) is
-    /// closed here, with [`code::SILENT`], even when quinn's idle timer would
-    /// wait longer ([`liveness`]); that ending is returned as
+    /// period (`quic.idle_timeout`, counted as QUIC counts idleness), or up
+    /// to twice it while the RTT estimate shows a busy peer, is closed here,
+    /// with [`code::SILENT`], even when quinn's idle timer would wait longer
+    /// ([`liveness`]); that ending is returned as
     /// [`quinn::ConnectionError::TimedOut`].
     pub async fn serve(self: Arc<Self>, quic: &QuicOptions) -> quinn::ConnectionError {
         // The switch agent checks its one connection every eighth of the
@@ -225,16 +226,17 @@ impl Link {
                 s = &mut silence => {
                     warn!(
                         switch = %self.switch,
-                        "nothing from the {} for {:.1}s, nor for the grace period ({:.1}s) since this \
-                         agent last asked for an answer: giving the connection up (its RTT estimate \
-                         is {} ms, so QUIC's own idle timer, at least three probe timeouts, would wait \
-                         longer)",
+                        rtt_ms = s.rtt.as_millis(),
+                        "nothing from the {} for {:.1}s, nor for {:.1}s since this agent last asked for \
+                         an answer (the grace period of {:.1}s, or three probe timeouts of the RTT \
+                         estimate, which a busy peer's queueing inflates, up to twice the grace period): \
+                         giving the connection up",
                         self.names().1,
                         s.silent.as_secs_f64(),
+                        s.limit.as_secs_f64(),
                         quic.idle_timeout.as_secs_f64(),
-                        s.rtt.as_millis(),
                     );
-                    self.conn.close(VarInt::from_u32(code::SILENT), b"nothing heard for the grace period");
+                    self.conn.close(VarInt::from_u32(code::SILENT), b"silent past the grace period");
                     return quinn::ConnectionError::TimedOut;
                 }
                 bi = self.conn.accept_bi() => match bi {

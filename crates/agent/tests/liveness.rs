@@ -1,5 +1,5 @@
-//! A controller agent that goes silent is given up within the grace period,
-//! even when the switch agent's RTT estimate has grown (a busy controller
+//! A controller agent that goes silent is given up within twice the grace
+//! period, even when the switch agent's RTT estimate has grown (a busy controller
 //! agent, as after a reconnect storm) and QUIC's own idle timer, never less
 //! than three probe timeouts (RFC 9000 §10.1), would wait several times
 //! longer (`quicsdn_transport::liveness`; docs/scale.md, "A dead peer after a
@@ -29,7 +29,8 @@ async fn received_bytes(control_sock: &std::path::Path) -> u64 {
 }
 
 #[tokio::test]
-async fn a_silent_controller_agent_is_given_up_within_the_grace_period_whatever_the_rtt_estimate() {
+async fn a_silent_controller_agent_is_given_up_within_twice_the_grace_period_whatever_the_rtt_estimate()
+ {
     let (logs, _guard) = LogCapture::install();
     let pki = Pki::new();
     let fake = FakeController::new().await;
@@ -107,16 +108,17 @@ async fn a_silent_controller_agent_is_given_up_within_the_grace_period_whatever_
         "OVS's connection stayed open: {}",
         logs.text()
     );
-    // The grace period after the switch agent's next keep-alive (it hears
-    // nothing after the hold began), an eighth of it between checks, and
-    // slack for a slow machine: well short of quinn's idle timer (without
-    // the agents' own check this test measured 11.6 s).
+    // The limit after the switch agent's next keep-alive (it hears nothing
+    // after the hold began): three probe timeouts of the inflated estimate,
+    // capped at twice the grace period; an eighth of the grace period between
+    // checks, and slack for a slow machine. Well short of quinn's idle timer
+    // (without the agents' own check this test measured 11.6 s).
     assert!(
-        took < agent_keepalive_for(GRACE) + GRACE + GRACE / 2,
+        took < agent_keepalive_for(GRACE) + 2 * GRACE + GRACE / 2,
         "given up after {took:?} (RTT estimate {rtt_ms} ms): {}",
         logs.text()
     );
-    let said = logs.lines_with(&["nothing from the controller agent", "grace period (2.0s)"]);
+    let said = logs.lines_with(&["nothing from the controller agent", "grace period of 2.0s"]);
     assert!(!said.is_empty(), "{}", logs.text());
 
     agent.shutdown().await;

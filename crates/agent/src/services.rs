@@ -234,15 +234,11 @@ mod tests {
             ],
         );
         assert_eq!(
-            sw.opened_here()
-                .map(|s| &*s.name)
-                .collect::<Vec<_>>(),
+            sw.opened_here().map(|s| &*s.name).collect::<Vec<_>>(),
             ["openflow"]
         );
         assert_eq!(
-            ctl.opened_here()
-                .map(|s| &*s.name)
-                .collect::<Vec<_>>(),
+            ctl.opened_here().map(|s| &*s.name).collect::<Vec<_>>(),
             ["ovsdb"]
         );
         assert!(sw.compare(&ctl.hello(StreamMode::Ordered)).is_empty());

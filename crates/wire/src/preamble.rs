@@ -64,8 +64,9 @@ pub mod code {
     /// Connection: the switch agent moved back to its preferred controller
     /// agent (`--controller` given several times).
     pub const FAILBACK: u32 = 0x13;
-    /// Connection: nothing arrived from the peer for the grace period; the
-    /// sender gave the connection up (`quicsdn_transport::liveness`).
+    /// Connection: nothing arrived from the peer for the grace period (up to
+    /// twice it while the RTT estimate shows a busy peer); the sender gave
+    /// the connection up (`quicsdn_transport::liveness`).
     pub const SILENT: u32 = 0x14;
 
     /// A human-readable name for logs.
@@ -83,7 +84,7 @@ pub mod code {
             SUPERSEDED => "superseded by a newer connection",
             ZERO_RTT_REJECTED => "0-RTT rejected, reconnecting",
             FAILBACK => "moved back to the preferred controller agent",
-            SILENT => "nothing heard for the grace period",
+            SILENT => "nothing heard past the grace period",
             _ => "unrecognised error code",
         }
     }

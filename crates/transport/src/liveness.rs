@@ -32,10 +32,10 @@
 //! version that ignored it (the grace period, or three probe timeouts of the
 //! smallest estimate) gave up live connections in 5 of 10 runs of 10,000
 //! switches on a slow machine (up to 229 in one), each a reconnect into the
-//! same storm and some an OVS HELLO timeout. The ceiling is what bounds a dead peer's wait when the estimate
-//! is stale: a dead controller agent is then given up 12 s after the switch
-//! agent asked, not 29 s.
-
+//! same storm and some an OVS HELLO timeout. The ceiling is what bounds a
+//! dead peer's wait when the estimate is stale: a dead controller agent is
+//! then given up 12 s after the switch agent asked, not 29 s.
+//!
 //! Sans-IO: [`SilenceWatch`] is fed the connection's counters and RTT
 //! estimate with the time; [`silence`] is its driver over a
 //! [`quinn::Connection`].

@@ -244,6 +244,23 @@ mod tests {
         (t.as_millis() / every.as_millis()) as u64
     }
 
+    /// We ask `asks_at` into every `cycle`, and the peer's answer arrives
+    /// at the start of the next: the counters at `t`.
+    fn answering(t: Duration, cycle: Duration, asks_at: Duration, rtt: Duration) -> Counters {
+        let within = t.as_millis() % cycle.as_millis();
+        at(
+            count(t, cycle),
+            count(t, cycle) + u64::from(within >= asks_at.as_millis()),
+            rtt,
+        )
+    }
+
+    /// A peer heard every 500 ms until `last`, asked at `asked`, then silent
+    /// for good: the counters at `t`.
+    fn dying(t: Duration, last: Duration, asked: Duration, rtt: Duration) -> Counters {
+        at(7 + count(t.min(last), ms(500)), u64::from(t >= asked), rtt)
+    }
+
     #[test]
     fn a_peer_that_answers_is_never_given_up() {
         let start = Instant::now();
@@ -264,13 +281,7 @@ mod tests {
         let start = Instant::now();
         let mut w = SilenceWatch::new(start, GRACE, 8, at(0, 0, LAN));
         let r = run(&mut w, start, Duration::from_secs(120), |t| {
-            let cycle = ms(10_250);
-            let within = t.as_millis() % cycle.as_millis();
-            at(
-                count(t, cycle),
-                count(t, cycle) + u64::from(within >= 5250),
-                LAN,
-            )
+            answering(t, ms(10_250), ms(5250), LAN)
         });
         assert_eq!(r, None);
     }
@@ -282,7 +293,7 @@ mod tests {
         // Datagrams until 10 s, a keep-alive sent at 11 s, then nothing.
         let (last, asked) = (ms(10_000), ms(11_000));
         let (when, s) = run(&mut w, start, Duration::from_secs(60), |t| {
-            at(7 + count(t.min(last), ms(500)), u64::from(t >= asked), LAN)
+            dying(t, last, asked, LAN)
         })
         .expect("given up");
         let waited = when - asked;
@@ -300,7 +311,7 @@ mod tests {
         let (last, asked) = (ms(10_000), ms(11_000));
         let (when, s) = run(&mut w, start, Duration::from_secs(60), |t| {
             let rtt = if t < ms(2000) { LAN } else { ms(2500) };
-            at(7 + count(t.min(last), ms(500)), u64::from(t >= asked), rtt)
+            dying(t, last, asked, rtt)
         })
         .expect("given up");
         let waited = when - asked;
@@ -316,14 +327,8 @@ mod tests {
         let start = Instant::now();
         let mut w = SilenceWatch::new(start, GRACE, 8, at(0, 0, LAN));
         let r = run(&mut w, start, Duration::from_secs(120), |t| {
-            let cycle = ms(15_000);
-            let within = t.as_millis() % cycle.as_millis();
             let rtt = if t < ms(1000) { LAN } else { ms(2000) };
-            at(
-                count(t, cycle),
-                count(t, cycle) + u64::from(within >= 5000),
-                rtt,
-            )
+            answering(t, ms(15_000), ms(5000), rtt)
         });
         assert_eq!(r, None);
     }

@@ -219,7 +219,18 @@ impl Link {
         // connections checked every eighth cost it 4 points of a core more
         // (docs/scale.md, "A dead peer after a storm").
         let checks = if self.on_switch() { 8 } else { 2 };
-        let silence = liveness::silence(&self.conn, quic.idle_timeout, checks);
+        let silence = liveness::silence(&self.conn, quic.idle_timeout, checks, |late| {
+            info!(
+                switch = %self.switch,
+                rtt_ms = late.rtt.as_millis(),
+                "the {} answered {:.1}s after this agent asked, past the grace period of {:.1}s \
+                 (kept: the limit was {:.1}s): it is busy",
+                self.names().1,
+                late.after.as_secs_f64(),
+                quic.idle_timeout.as_secs_f64(),
+                late.limit.as_secs_f64(),
+            );
+        });
         tokio::pin!(silence);
         loop {
             tokio::select! {

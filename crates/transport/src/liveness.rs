@@ -65,6 +65,20 @@ pub struct Silence {
     pub rtt: Duration,
 }
 
+/// An answer that came after the grace period: the peer was busy, and the
+/// grace period alone would have given the connection up. What the ceiling of
+/// the limit is chosen by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LateAnswer {
+    /// From the first check that saw us ask to the first that saw a datagram
+    /// arrive: the wait, to within one tick either way.
+    pub after: Duration,
+    /// The limit then.
+    pub limit: Duration,
+    /// quinn's smoothed RTT estimate then.
+    pub rtt: Duration,
+}
+
 /// What the watch reads off a connection at each check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Counters {
@@ -127,6 +141,8 @@ pub struct SilenceWatch {
     heard: Instant,
     /// The first check after `heard` that saw an ack-eliciting frame sent.
     asked: Option<Instant>,
+    /// The last answer that came after the grace period, until taken.
+    late: Option<LateAnswer>,
 }
 
 impl SilenceWatch {
@@ -141,6 +157,7 @@ impl SilenceWatch {
             last: counters,
             heard: now,
             asked: None,
+            late: None,
         }
     }
 
@@ -170,6 +187,16 @@ impl SilenceWatch {
         self.path_rtt = self.path_rtt.min(counters.rtt);
         self.rtt = counters.rtt;
         if counters.received != self.last.received {
+            if let Some(asked) = self.asked {
+                let after = now.saturating_duration_since(asked);
+                if after >= self.grace {
+                    self.late = Some(LateAnswer {
+                        after,
+                        limit: self.limit(),
+                        rtt: counters.rtt,
+                    });
+                }
+            }
             self.last = counters;
             self.heard = now;
             self.asked = None;
@@ -186,18 +213,33 @@ impl SilenceWatch {
             rtt: counters.rtt,
         })
     }
+
+    /// The last answer that came later than the grace period after we asked,
+    /// once.
+    pub fn take_late_answer(&mut self) -> Option<LateAnswer> {
+        self.late.take()
+    }
 }
 
 /// Resolves when `conn` has been silent past the limit (see
 /// [`SilenceWatch`]), checking `checks` times per grace period; never, while
-/// the peer answers. The caller closes the connection.
-pub async fn silence(conn: &quinn::Connection, grace: Duration, checks: u32) -> Silence {
+/// the peer answers. Answers that come after the grace period go to
+/// `late_answer` as they are seen. The caller closes the connection.
+pub async fn silence(
+    conn: &quinn::Connection,
+    grace: Duration,
+    checks: u32,
+    mut late_answer: impl FnMut(LateAnswer),
+) -> Silence {
     let now = || tokio::time::Instant::now().into_std();
     let mut watch = SilenceWatch::new(now(), grace, checks, Counters::of(&conn.stats()));
     loop {
         tokio::time::sleep(watch.tick()).await;
         if let Some(s) = watch.check(now(), Counters::of(&conn.stats())) {
             return s;
+        }
+        if let Some(late) = watch.take_late_answer() {
+            late_answer(late);
         }
     }
 }
@@ -331,6 +373,29 @@ mod tests {
             answering(t, ms(15_000), ms(5000), rtt)
         });
         assert_eq!(r, None);
+    }
+
+    #[test]
+    fn an_answer_past_the_grace_period_is_reported_once() {
+        let start = Instant::now();
+        let mut w = SilenceWatch::new(start, GRACE, 8, at(0, 0, LAN));
+        // Asked at 1 s; an answer within the grace period is not late.
+        assert_eq!(w.check(start + ms(1000), at(0, 1, ms(2000))), None);
+        assert_eq!(w.check(start + ms(6000), at(1, 1, ms(2000))), None);
+        assert_eq!(w.take_late_answer(), None);
+        // Asked at 7 s, answered at 16 s: late, and kept (the limit is 12 s).
+        assert_eq!(w.check(start + ms(7000), at(1, 2, ms(2000))), None);
+        assert_eq!(w.check(start + ms(16_000), at(2, 2, ms(2000))), None);
+        let late = LateAnswer {
+            after: ms(9000),
+            limit: 2 * GRACE,
+            rtt: ms(2000),
+        };
+        assert_eq!(w.take_late_answer(), Some(late));
+        assert_eq!(w.take_late_answer(), None);
+        // Something arriving without our asking is no answer.
+        assert_eq!(w.check(start + ms(30_000), at(3, 2, ms(2000))), None);
+        assert_eq!(w.take_late_answer(), None);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! agent, as after a reconnect storm) and QUIC's own idle timer, never less
 //! than three probe timeouts (RFC 9000 §10.1), would wait several times
 //! longer (`quicsdn_transport::liveness`; docs/scale.md, "A dead peer after a
-//! storm").
+//! storm"); one that answers after the grace period but within that limit is
+//! kept, and the switch agent logs how late it answered.
 
 mod support;
 
@@ -19,6 +20,9 @@ const GRACE: Duration = Duration::from_secs(2);
 /// below the grace period, so the connection lives, and long enough that each
 /// time the switch agent's RTT estimate takes a sample of about this much.
 const BUSY: Duration = Duration::from_millis(1500);
+/// One busy period past the grace period, kept by the estimate the shorter
+/// ones leave.
+const LATE: Duration = Duration::from_secs(3);
 
 /// What the switch agent's connection has received, from its status.
 async fn received_bytes(control_sock: &std::path::Path) -> u64 {
@@ -26,6 +30,22 @@ async fn received_bytes(control_sock: &std::path::Path) -> u64 {
     status["connections"][0]["udp_rx_bytes"]
         .as_u64()
         .unwrap_or_else(|| panic!("no connection: {status}"))
+}
+
+/// Returns once the switch agent's connection has received nothing for
+/// `span`.
+async fn quiet(control_sock: &std::path::Path, span: Duration) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let mut seen = received_bytes(control_sock).await;
+    let mut since = tokio::time::Instant::now();
+    while since.elapsed() < span {
+        assert!(tokio::time::Instant::now() < deadline, "never quiet");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = received_bytes(control_sock).await;
+        if now != seen {
+            (seen, since) = (now, tokio::time::Instant::now());
+        }
+    }
 }
 
 #[tokio::test]
@@ -94,6 +114,36 @@ async fn a_silent_controller_agent_is_given_up_within_twice_the_grace_period_wha
     // three probe timeouts, each the smoothed RTT plus four times its
     // variation.
     assert!(rtt_ms > 500.0, "RTT estimate {rtt_ms} ms: {status}");
+
+    // Busy for longer than the grace period, within the limit the estimate
+    // now allows (nine times it, at most twice the grace period: 4 s): the
+    // switch agent keeps the connection and says how late the answer came.
+    // First the last busy period's packets settle, so that the switch agent
+    // sees its ask in a check of its own, not in one with an arrival (where
+    // it may have been what arrived answered, and does not start the wait).
+    quiet(&control_sock, 2 * GRACE / 8).await;
+    relay.hold.send_replace(true);
+    let reply = build::features_reply(200, 1);
+    ovs.write_all(&reply).await.unwrap();
+    // The delay being emulated, not a wait for readiness.
+    tokio::time::sleep(LATE).await;
+    relay.hold.send_replace(false);
+    assert_eq!(read_exact_len(&mut ctl, reply.len()).await, reply);
+    logs.wait_for(&[
+        "the controller agent answered",
+        "past the grace period of 2.0s",
+        "it is busy",
+    ])
+    .await;
+    // Kept: the controller still reaches OVS through the same session.
+    let barrier = build::barrier_request(300);
+    ctl.write_all(&barrier).await.unwrap();
+    assert_eq!(read_exact_len(&mut ovs, barrier.len()).await, barrier);
+    assert!(
+        logs.lines_with(&["nothing from the"]).is_empty(),
+        "{}",
+        logs.text()
+    );
 
     // The controller agent falls silent for good. Giving the connection up
     // closes OVS's connection (a 0-RTT reconnect follows at once, so

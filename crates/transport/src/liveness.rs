@@ -77,8 +77,10 @@ pub struct Silence {
 /// the limit is chosen by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LateAnswer {
-    /// From the first check that saw us ask to the first that saw a datagram
-    /// arrive: the wait, to within one tick either way.
+    /// How long the check had waited when a datagram arrived, counted as the
+    /// limit counts it (from the first check that saw us ask since the last
+    /// arrival, or from that arrival if none did): how close the connection
+    /// came to being given up. The true wait is within a tick either way.
     pub after: Duration,
     /// The limit then.
     pub limit: Duration,
@@ -194,15 +196,13 @@ impl SilenceWatch {
         self.path_rtt = self.path_rtt.min(counters.rtt);
         self.rtt = counters.rtt;
         if counters.received != self.last.received {
-            if let Some(asked) = self.asked {
-                let after = now.saturating_duration_since(asked);
-                if after >= self.grace {
-                    self.late = Some(LateAnswer {
-                        after,
-                        limit: self.limit(),
-                        rtt: counters.rtt,
-                    });
-                }
+            let after = now.saturating_duration_since(self.asked.unwrap_or(self.heard));
+            if after >= self.grace {
+                self.late = Some(LateAnswer {
+                    after,
+                    limit: self.limit(),
+                    rtt: counters.rtt,
+                });
             }
             self.last = counters;
             self.heard = now;
@@ -221,8 +221,8 @@ impl SilenceWatch {
         })
     }
 
-    /// The last answer that came later than the grace period after we asked,
-    /// once.
+    /// The last datagram that arrived after the check had waited the grace
+    /// period or longer ([`LateAnswer`]), once.
     pub fn take_late_answer(&mut self) -> Option<LateAnswer> {
         self.late.take()
     }
@@ -400,9 +400,22 @@ mod tests {
         };
         assert_eq!(w.take_late_answer(), Some(late));
         assert_eq!(w.take_late_answer(), None);
-        // Something arriving without our asking is no answer.
-        assert_eq!(w.check(start + ms(30_000), at(3, 2, ms(2000))), None);
+        // A send in the same tick as the arrival (it may have been what the
+        // arrival answered) does not start the wait; the next send does,
+        // as for the limit.
+        assert_eq!(w.check(start + ms(17_000), at(3, 3, ms(2000))), None);
+        assert_eq!(w.check(start + ms(19_000), at(3, 4, ms(2000))), None);
+        assert_eq!(w.check(start + ms(24_000), at(4, 4, ms(2000))), None);
         assert_eq!(w.take_late_answer(), None);
+        // With nothing sent, silence counts from the last arrival, as for the
+        // limit.
+        assert_eq!(w.check(start + ms(31_000), at(5, 4, ms(2000))), None);
+        let late = LateAnswer {
+            after: ms(7000),
+            limit: 2 * GRACE,
+            rtt: ms(2000),
+        };
+        assert_eq!(w.take_late_answer(), Some(late));
     }
 
     #[test]

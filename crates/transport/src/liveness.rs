@@ -196,7 +196,7 @@ impl SilenceWatch {
         self.path_rtt = self.path_rtt.min(counters.rtt);
         self.rtt = counters.rtt;
         if counters.received != self.last.received {
-            let after = now.saturating_duration_since(self.asked.unwrap_or(self.heard));
+            let after = self.waited(now);
             if after >= self.grace {
                 self.late = Some(LateAnswer {
                     after,
@@ -212,13 +212,20 @@ impl SilenceWatch {
         if self.asked.is_none() && counters.eliciting_sent != self.last.eliciting_sent {
             self.asked = Some(now);
         }
-        let waited = now.saturating_duration_since(self.asked.unwrap_or(self.heard));
+        let waited = self.waited(now);
         let limit = self.limit();
         (waited >= limit).then(|| Silence {
             silent: now.saturating_duration_since(self.heard),
             limit,
             rtt: counters.rtt,
         })
+    }
+
+    /// How long the check has waited at `now`: since the first check that saw
+    /// us ask after the last arrival, or since that arrival if none did. The
+    /// limit and [`LateAnswer`] both count it so.
+    fn waited(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.asked.unwrap_or(self.heard))
     }
 
     /// The last datagram that arrived after the check had waited the grace

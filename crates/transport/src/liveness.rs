@@ -88,6 +88,19 @@ pub struct LateAnswer {
     pub rtt: Duration,
 }
 
+/// What one check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// Nothing to report: the peer answered in time, or the limit is not
+    /// reached yet.
+    Quiet,
+    /// A datagram arrived after the check had waited the grace period or
+    /// longer; the connection is kept.
+    Late(LateAnswer),
+    /// Nothing arrived for the limit: give the connection up.
+    Silent(Silence),
+}
+
 /// What the watch reads off a connection at each check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Counters {
@@ -150,8 +163,6 @@ pub struct SilenceWatch {
     heard: Instant,
     /// The first check after `heard` that saw an ack-eliciting frame sent.
     asked: Option<Instant>,
-    /// The last answer that came after the grace period, until taken.
-    late: Option<LateAnswer>,
 }
 
 impl SilenceWatch {
@@ -166,7 +177,6 @@ impl SilenceWatch {
             last: counters,
             heard: now,
             asked: None,
-            late: None,
         }
     }
 
@@ -189,36 +199,43 @@ impl SilenceWatch {
         self.grace.max(three_ptos(self.rtt).min(ceiling))
     }
 
-    /// One check at `now`. `Some` once nothing has arrived for [`Self::limit`]
-    /// since the later of the last arrival and the first ack-eliciting frame
-    /// sent after it.
-    pub fn check(&mut self, now: Instant, counters: Counters) -> Option<Silence> {
+    /// One check at `now`: [`Check::Silent`] once nothing has arrived for
+    /// [`Self::limit`] since the later of the last arrival and the first
+    /// ack-eliciting frame sent after it; [`Check::Late`] when an arrival
+    /// came after the check had waited the grace period or longer.
+    pub fn check(&mut self, now: Instant, counters: Counters) -> Check {
         self.path_rtt = self.path_rtt.min(counters.rtt);
         self.rtt = counters.rtt;
         if counters.received != self.last.received {
             let after = self.waited(now);
-            if after >= self.grace {
-                self.late = Some(LateAnswer {
-                    after,
-                    limit: self.limit(),
-                    rtt: counters.rtt,
-                });
-            }
+            let limit = self.limit();
             self.last = counters;
             self.heard = now;
             self.asked = None;
-            return None;
+            return if after >= self.grace {
+                Check::Late(LateAnswer {
+                    after,
+                    limit,
+                    rtt: counters.rtt,
+                })
+            } else {
+                Check::Quiet
+            };
         }
         if self.asked.is_none() && counters.eliciting_sent != self.last.eliciting_sent {
             self.asked = Some(now);
         }
         let waited = self.waited(now);
         let limit = self.limit();
-        (waited >= limit).then(|| Silence {
-            silent: now.saturating_duration_since(self.heard),
-            limit,
-            rtt: counters.rtt,
-        })
+        if waited >= limit {
+            Check::Silent(Silence {
+                silent: now.saturating_duration_since(self.heard),
+                limit,
+                rtt: counters.rtt,
+            })
+        } else {
+            Check::Quiet
+        }
     }
 
     /// How long the check has waited at `now`: since the first check that saw
@@ -226,12 +243,6 @@ impl SilenceWatch {
     /// limit and [`LateAnswer`] both count it so.
     fn waited(&self, now: Instant) -> Duration {
         now.saturating_duration_since(self.asked.unwrap_or(self.heard))
-    }
-
-    /// The last datagram that arrived after the check had waited the grace
-    /// period or longer ([`LateAnswer`]), once.
-    pub fn take_late_answer(&mut self) -> Option<LateAnswer> {
-        self.late.take()
     }
 }
 
@@ -249,11 +260,10 @@ pub async fn silence(
     let mut watch = SilenceWatch::new(now(), grace, checks, Counters::of(&conn.stats()));
     loop {
         tokio::time::sleep(watch.tick()).await;
-        if let Some(s) = watch.check(now(), Counters::of(&conn.stats())) {
-            return s;
-        }
-        if let Some(late) = watch.take_late_answer() {
-            late_answer(late);
+        match watch.check(now(), Counters::of(&conn.stats())) {
+            Check::Silent(s) => return s,
+            Check::Late(late) => late_answer(late),
+            Check::Quiet => {}
         }
     }
 }
@@ -288,8 +298,9 @@ mod tests {
         let mut t = Duration::ZERO;
         while t <= span {
             t += watch.tick();
-            if let Some(s) = watch.check(start + t, counters(t)) {
-                return Some((t, s));
+            match watch.check(start + t, counters(t)) {
+                Check::Silent(s) => return Some((t, s)),
+                Check::Late(_) | Check::Quiet => {}
             }
         }
         None
@@ -394,47 +405,65 @@ mod tests {
         let start = Instant::now();
         let mut w = SilenceWatch::new(start, GRACE, 8, at(0, 0, LAN));
         // Asked at 1 s; an answer within the grace period is not late.
-        assert_eq!(w.check(start + ms(1000), at(0, 1, ms(2000))), None);
-        assert_eq!(w.check(start + ms(6000), at(1, 1, ms(2000))), None);
-        assert_eq!(w.take_late_answer(), None);
+        assert_eq!(w.check(start + ms(1000), at(0, 1, ms(2000))), Check::Quiet);
+        assert_eq!(w.check(start + ms(6000), at(1, 1, ms(2000))), Check::Quiet);
         // Asked at 7 s, answered at 16 s: late, and kept (the limit is 12 s).
-        assert_eq!(w.check(start + ms(7000), at(1, 2, ms(2000))), None);
-        assert_eq!(w.check(start + ms(16_000), at(2, 2, ms(2000))), None);
+        assert_eq!(w.check(start + ms(7000), at(1, 2, ms(2000))), Check::Quiet);
         let late = LateAnswer {
             after: ms(9000),
             limit: 2 * GRACE,
             rtt: ms(2000),
         };
-        assert_eq!(w.take_late_answer(), Some(late));
-        assert_eq!(w.take_late_answer(), None);
+        assert_eq!(
+            w.check(start + ms(16_000), at(2, 2, ms(2000))),
+            Check::Late(late)
+        );
+        // Once: the next check, with nothing new, is quiet.
+        assert_eq!(
+            w.check(start + ms(16_750), at(2, 2, ms(2000))),
+            Check::Quiet
+        );
         // A send in the same tick as the arrival (it may have been what the
         // arrival answered) does not start the wait; the next send does,
         // as for the limit.
-        assert_eq!(w.check(start + ms(17_000), at(3, 3, ms(2000))), None);
-        assert_eq!(w.check(start + ms(19_000), at(3, 4, ms(2000))), None);
-        assert_eq!(w.check(start + ms(24_000), at(4, 4, ms(2000))), None);
-        assert_eq!(w.take_late_answer(), None);
+        assert_eq!(
+            w.check(start + ms(17_000), at(3, 3, ms(2000))),
+            Check::Quiet
+        );
+        assert_eq!(
+            w.check(start + ms(19_000), at(3, 4, ms(2000))),
+            Check::Quiet
+        );
+        assert_eq!(
+            w.check(start + ms(24_000), at(4, 4, ms(2000))),
+            Check::Quiet
+        );
         // With nothing sent, silence counts from the last arrival, as for the
         // limit.
-        assert_eq!(w.check(start + ms(31_000), at(5, 4, ms(2000))), None);
         let late = LateAnswer {
             after: ms(7000),
             limit: 2 * GRACE,
             rtt: ms(2000),
         };
-        assert_eq!(w.take_late_answer(), Some(late));
+        assert_eq!(
+            w.check(start + ms(31_000), at(5, 4, ms(2000))),
+            Check::Late(late)
+        );
     }
 
     #[test]
     fn with_nothing_sent_silence_counts_from_the_last_arrival() {
         let start = Instant::now();
         let mut w = SilenceWatch::new(start, GRACE, 8, at(0, 0, LAN));
-        assert_eq!(w.check(start + ms(750), at(1, 0, LAN)), None);
+        assert_eq!(w.check(start + ms(750), at(1, 0, LAN)), Check::Quiet);
         assert_eq!(
             w.check(start + ms(750) + GRACE - ms(1), at(1, 0, LAN)),
-            None
+            Check::Quiet
         );
-        assert!(w.check(start + ms(750) + GRACE, at(1, 0, LAN)).is_some());
+        assert!(matches!(
+            w.check(start + ms(750) + GRACE, at(1, 0, LAN)),
+            Check::Silent(_)
+        ));
     }
 
     #[test]
@@ -443,24 +472,24 @@ mod tests {
         // A 1 s path: a probe timeout of about 3 s.
         let mut w = SilenceWatch::new(start, GRACE, 8, at(0, 0, ms(1000)));
         assert_eq!(w.limit(), ms(9000));
-        assert_eq!(w.check(start + ms(750), at(1, 1, ms(1000))), None);
+        assert_eq!(w.check(start + ms(750), at(1, 1, ms(1000))), Check::Quiet);
         // A storm then inflates the estimate: the limit follows it up to
         // twice the grace period.
-        assert_eq!(w.check(start + ms(1500), at(2, 1, ms(4000))), None);
+        assert_eq!(w.check(start + ms(1500), at(2, 1, ms(4000))), Check::Quiet);
         assert_eq!(w.limit(), 2 * GRACE);
         // A 3 s path is slower than that: three of its own probe timeouts.
         let mut w = SilenceWatch::new(start, GRACE, 8, at(0, 0, ms(3000)));
         assert_eq!(w.limit(), ms(27_000));
-        assert_eq!(w.check(start + ms(1500), at(2, 1, ms(6000))), None);
+        assert_eq!(w.check(start + ms(1500), at(2, 1, ms(6000))), Check::Quiet);
         assert_eq!(w.limit(), ms(27_000));
         assert_eq!(
             w.check(start + ms(1500) + ms(26_999), at(2, 1, ms(6000))),
-            None
+            Check::Quiet
         );
-        assert!(
-            w.check(start + ms(1500) + ms(27_000), at(2, 1, ms(6000)))
-                .is_some()
-        );
+        assert!(matches!(
+            w.check(start + ms(1500) + ms(27_000), at(2, 1, ms(6000))),
+            Check::Silent(_)
+        ));
     }
 
     #[test]
@@ -470,7 +499,7 @@ mod tests {
         let mut w = SilenceWatch::new(start, GRACE, 8, at(0, 0, ms(333)));
         assert_eq!(w.limit(), GRACE);
         assert_eq!(w.tick(), ms(750));
-        assert_eq!(w.check(start + ms(750), at(0, 0, LAN)), None);
+        assert_eq!(w.check(start + ms(750), at(0, 0, LAN)), Check::Quiet);
         assert_eq!(w.limit(), GRACE);
     }
 }

@@ -355,6 +355,14 @@ pub struct Steady {
     /// divided among the processes mapping them (here the controller agent
     /// runs the same binary).
     pub switch_pss: u64,
+    /// Seconds from the simulated switches' start until every switch was
+    /// connected (its OpenFlow session up; the switch agents may have
+    /// connected before), and the datagrams the controller agent's UDP socket
+    /// had dropped by then, since it started: the switch agents' first
+    /// connections, all full handshakes, fill it where restarts do not
+    /// (docs/scale.md, "Where the late answers wait").
+    pub connect_s: f64,
+    pub connect_udp_drops: u64,
 }
 
 pub const RESTARTS_CSV: &[&str] = &[
@@ -403,6 +411,9 @@ pub const STEADY_CSV: &[&str] = &[
     "switch_agent_rss_kib",
     "switch_agent_anon_kib",
     "switch_agent_pss_kib",
+    // Appended later, so older files still read.
+    "connect_s",
+    "connect_udp_drops",
 ];
 
 /// Connections must be older than this before a restart: the switch agent
@@ -1035,9 +1046,11 @@ impl Bench {
         let t = Instant::now();
         // Every OVS connects at once: give 10,000 more than the 120 s of a few hundred.
         self.wait_all_live(Duration::from_secs((n as u64 / 50).max(120)))?;
+        let connect_s = t.elapsed().as_secs_f64();
+        let connect_udp_drops = procs::udp_drops(self.port);
         println!(
-            "all {n} switches connected {:.1} s after their OVS started",
-            t.elapsed().as_secs_f64()
+            "all {n} switches connected {connect_s:.1} s after their OVS started; the controller \
+             agent's UDP socket dropped {connect_udp_drops} datagrams since it started"
         );
         // Idle with every switch: CPU over a window, then memory.
         let window = self.idle;
@@ -1057,6 +1070,8 @@ impl Bench {
             switch_rss: procs::status_kib(switch_proc.pid, "VmRSS").unwrap_or(0),
             switch_anon: procs::status_kib(switch_proc.pid, "RssAnon").unwrap_or(0),
             switch_pss: procs::smaps_rollup_kib(switch_proc.pid, "Pss").unwrap_or(0),
+            connect_s,
+            connect_udp_drops,
         };
         println!(
             "idle: controller agent {:.1} MiB with {n} connections ({:.1} MiB empty, {:.1} KiB per connection), {:.1} % CPU; \
@@ -1367,6 +1382,8 @@ fn write_results(
             s.switch_rss.to_string(),
             s.switch_anon.to_string(),
             s.switch_pss.to_string(),
+            format!("{:.1}", s.connect_s),
+            s.connect_udp_drops.to_string(),
         ]);
     }
     rc.write(&dir.join("restarts.csv"))?;
@@ -1448,6 +1465,8 @@ fn write_results(
                 format!("{:.2}", s.switch_rss as f64 / 1024.0),
                 format!("{:.2}", s.switch_anon as f64 / 1024.0),
                 format!("{:.2}", s.switch_pss as f64 / 1024.0),
+                format!("{:.1}", s.connect_s),
+                s.connect_udp_drops.to_string(),
             ]
         })
         .collect();
@@ -1462,6 +1481,8 @@ fn write_results(
             "switch agent process RSS (MiB)",
             "of which its own (MiB)",
             "switch agent PSS (MiB)",
+            "all connected after (s)",
+            "ctl UDP drops until then",
         ],
         &rows,
     );

@@ -404,51 +404,38 @@ mod tests {
     fn an_answer_past_the_grace_period_is_reported_once() {
         let start = Instant::now();
         let mut w = SilenceWatch::new(start, GRACE, 8, at(0, 0, LAN));
-        // Asked at 1 s; an answer within the grace period is not late.
-        assert_eq!(w.check(start + ms(1000), at(0, 1, ms(2000))), Check::Quiet);
-        assert_eq!(w.check(start + ms(6000), at(1, 1, ms(2000))), Check::Quiet);
-        // Asked at 7 s, answered at 16 s: late, and kept (the limit is 12 s).
-        assert_eq!(w.check(start + ms(7000), at(1, 2, ms(2000))), Check::Quiet);
-        let late = LateAnswer {
-            after: ms(9000),
-            limit: 2 * GRACE,
-            rtt: ms(2000),
+        let late = |after| {
+            Check::Late(LateAnswer {
+                after,
+                limit: 2 * GRACE,
+                rtt: ms(2000),
+            })
         };
-        assert_eq!(
-            w.check(start + ms(16_000), at(2, 2, ms(2000))),
-            Check::Late(late)
-        );
-        // Once: the next check, with nothing new, is quiet.
-        assert_eq!(
-            w.check(start + ms(16_750), at(2, 2, ms(2000))),
-            Check::Quiet
-        );
-        // A send in the same tick as the arrival (it may have been what the
-        // arrival answered) does not start the wait; the next send does,
-        // as for the limit.
-        assert_eq!(
-            w.check(start + ms(17_000), at(3, 3, ms(2000))),
-            Check::Quiet
-        );
-        assert_eq!(
-            w.check(start + ms(19_000), at(3, 4, ms(2000))),
-            Check::Quiet
-        );
-        assert_eq!(
-            w.check(start + ms(24_000), at(4, 4, ms(2000))),
-            Check::Quiet
-        );
-        // With nothing sent, silence counts from the last arrival, as for the
-        // limit.
-        let late = LateAnswer {
-            after: ms(7000),
-            limit: 2 * GRACE,
-            rtt: ms(2000),
-        };
-        assert_eq!(
-            w.check(start + ms(31_000), at(5, 4, ms(2000))),
-            Check::Late(late)
-        );
+        // (ms from the start, datagrams received, ack-eliciting frames sent,
+        // what the check says)
+        let steps = [
+            // Asked at 1 s; an answer within the grace period is not late.
+            (1000, 0, 1, Check::Quiet),
+            (6000, 1, 1, Check::Quiet),
+            // Asked at 7 s, answered at 16 s: late, and kept (the limit is
+            // 12 s); once: the next check, with nothing new, is quiet.
+            (7000, 1, 2, Check::Quiet),
+            (16_000, 2, 2, late(ms(9000))),
+            (16_750, 2, 2, Check::Quiet),
+            // A send in the same tick as the arrival (it may have been what
+            // the arrival answered) does not start the wait; the next send
+            // does, as for the limit.
+            (17_000, 3, 3, Check::Quiet),
+            (19_000, 3, 4, Check::Quiet),
+            (24_000, 4, 4, Check::Quiet),
+            // With nothing sent, silence counts from the last arrival, as
+            // for the limit.
+            (31_000, 5, 4, late(ms(7000))),
+        ];
+        for (t, received, sent, expected) in steps {
+            let got = w.check(start + ms(t), at(received, sent, ms(2000)));
+            assert_eq!(got, expected, "at {t} ms");
+        }
     }
 
     #[test]

@@ -273,15 +273,7 @@ fn jitter_without_then_with_reordering() {
     if !require_root() {
         return;
     }
-    let env = Env::new(
-        "jt",
-        12,
-        DirSettings {
-            delay_ns: 20 * MS,
-            jitter_ns: 5 * MS,
-            ..Default::default()
-        },
-    );
+    let env = Env::new("jt", 12, DirSettings::default());
     let plan = SendPlan {
         count: 4000,
         payload: 64,
@@ -289,6 +281,20 @@ fn jitter_without_then_with_reordering() {
         realtime: true,
         ..Default::default()
     };
+    // What the path costs without delay or jitter, as in the delay test. The
+    // upper bounds below are judged over it; the lower bounds need none.
+    let (sent0, zero) = env.udp_a_to_b(8999, plan.clone());
+    assert_eq!(zero.len() as u64, sent0);
+    let base = ms(percentile(&delays_ms(&zero), 0.5));
+    env.link
+        .rec
+        .control()
+        .set_both(DirPatch {
+            delay_ns: Some(20 * MS),
+            jitter_ns: Some(5 * MS),
+            ..Default::default()
+        })
+        .unwrap();
     // Without reordering: arrival order is send order, delays stay in [15, 25] ms plus
     // the waiting that monotonic release adds (bounded by the jitter span).
     let (sent, s) = env.udp_a_to_b(9000, plan.clone());
@@ -309,7 +315,7 @@ fn jitter_without_then_with_reordering() {
         percentile(&d, 0.95),
     );
     eprintln!(
-        "jitter 5ms no-reorder: min {:.2} p5 {:.2} p50 {:.2} p90 {:.2} p95 {:.2} max {:.2} ms",
+        "jitter 5ms no-reorder: min {:.2} p5 {:.2} p50 {:.2} p90 {:.2} p95 {:.2} max {:.2} ms; p50 without delay {base:.3} ms",
         ms(d[0]),
         ms(p5),
         ms(p50),
@@ -318,16 +324,23 @@ fn jitter_without_then_with_reordering() {
         ms(*d.last().unwrap())
     );
     assert!(ms(d[0]) >= 14.99, "min {}", ms(d[0]));
-    // Upper bounds on percentiles, not the max. The sender, the forwarder and
-    // the receiver share this VM's 2 vCPUs at 4,000 frames/s, and a stall of
-    // any of them for a few milliseconds delays every frame sent meanwhile: 1–2 %
-    // of the frames, p99 up to 28.3 ms seen with p90 still below 25 ms. So the
-    // bulk (p90) must stay within the span, plus 0.5 ms of forwarding (a
-    // doubled jitter would put it near 30 ms), and the tail (p99) within a
-    // stall of it (an unbounded wait would not pass).
-    let (p90, p99) = (ms(p90), ms(percentile(&d, 0.99)));
-    assert!(p90 <= 25.5, "p90 {p90}");
-    assert!(p99 <= 30.0, "p99 {p99}");
+    // Upper bounds on percentiles, not the max. Monotonic release alone puts
+    // the p90 at 24.4 ms and the p99 at 24.9 (20 simulated runs of this plan);
+    // a doubled jitter would put them at 29.1 and 29.8. What the real path
+    // adds on top is more than the undelayed path's median: a frame with a
+    // late release holds back the ones behind it, they leave the emulator
+    // together, and the last of a burst waits for the kernel and the receiver
+    // to take the others. Seen: p90 0.6 ms over the model on this VM when idle
+    // (the reordering run below, whose frames leave one by one, 0.1 ms), 1.1
+    // ms in CI (25.506 ms failed the earlier bound of 25.5), and 0.1 ms under
+    // two busy loops, which keep the vCPUs from sleeping.
+    // A stall of any of the three processes delays every frame sent
+    // meanwhile: p99 up to 28.3 ms seen. So the bulk (p90) must stay 2 ms
+    // within the model and 2.6 ms clear of a doubled jitter, and the tail
+    // (p99) within a stall (an unbounded wait would not pass).
+    let (p90, p99) = (ms(p90) - base, ms(percentile(&d, 0.99)) - base);
+    assert!(p90 <= 26.5, "p90 {p90} ms over the undelayed path");
+    assert!(p99 <= 30.0, "p99 {p99} ms over the undelayed path");
     assert!(ms(p95) - ms(p5) > 1.0, "delays must actually vary");
 
     // Runtime change to reordering jitter: the raw uniform distribution shows.
@@ -349,14 +362,14 @@ fn jitter_without_then_with_reordering() {
     );
     let inversions = s.windows(2).filter(|w| w[1].seq < w[0].seq).count();
     let d = delays_ms(&s);
-    let q = |x| ms(percentile(&d, x));
+    let q = |x| ms(percentile(&d, x)) - base;
     eprintln!(
-        "jitter 5ms reorder: min {:.2} p10 {:.2} p50 {:.2} p90 {:.2} max {:.2} ms, {inversions} inversions",
-        ms(d[0]),
+        "jitter 5ms reorder over the undelayed path: min {:.2} p10 {:.2} p50 {:.2} p90 {:.2} max {:.2} ms, {inversions} inversions",
+        ms(d[0]) - base,
         q(0.1),
         q(0.5),
         q(0.9),
-        ms(*d.last().unwrap())
+        ms(*d.last().unwrap()) - base
     );
     assert!(
         inversions > 100,

@@ -21,6 +21,18 @@ use std::time::Duration;
 /// probe intervals without a controller).
 pub const OVS_FAIL_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// How long a switch agent's connection attempt to its only controller agent
+/// waits for the first answer: twice the grace period (the most a busy peer
+/// may keep an established connection waiting, `liveness::busy_limit`), but
+/// below OVS's fail-mode timeout, which the HELLO stand-in may hold OVS
+/// through meanwhile, and never less than the grace period. The controller
+/// agent's admission control keeps a waiting attempt two thirds of this.
+pub fn patient_attempt_limit(grace: Duration) -> Duration {
+    quicsdn_transport::liveness::busy_limit(grace)
+        .min(OVS_FAIL_TIMEOUT - Duration::from_secs(1))
+        .max(grace)
+}
+
 /// Default size limit for JSON-RPC messages. OVSDB monitor replies for a large
 /// database run to megabytes; anything near this is a runaway peer.
 pub const DEFAULT_JSONRPC_MAX: usize = 64 << 20;
@@ -392,6 +404,15 @@ impl ControllerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_attempt_waits_twice_the_grace_period_below_ovs_fail_mode() {
+        let s = Duration::from_secs;
+        // (grace, how long an attempt to the only controller agent waits)
+        for (grace, limit) in [(2, 4), (6, 12), (7, 14), (10, 14), (14, 14)] {
+            assert_eq!(patient_attempt_limit(s(grace)), s(limit), "grace {grace} s");
+        }
+    }
 
     #[test]
     fn service_specs() {

@@ -12,7 +12,7 @@
 //! replaces the old one, which is closed with `SUPERSEDED`.
 
 use crate::admission::{Admission, PERMIT_HOLD, Permit, WAITING_PER_PERMIT, Waiting};
-use crate::config::{ConfigError, ControllerConfig};
+use crate::config::{ConfigError, ControllerConfig, patient_attempt_limit};
 use crate::link::{Link, Scheduling};
 use crate::metrics::{Metrics, RefusalReason};
 use crate::services::{Service, ServiceTable};
@@ -214,7 +214,7 @@ impl ControllerAgent {
             })?,
             None => SessionStore::in_memory(resumption::DEFAULT_CAPACITY),
         });
-        let quic = services.quic_options(&config.common);
+        let quic = server_options(&services, &config);
         let roster_path = config.session_store.as_deref().map(roster::path_for);
         // A worker's octet follows the host's server id; a single agent with
         // a server id is worker 0, so every host of one balancer issues IDs
@@ -521,7 +521,7 @@ struct Rotate(Arc<Inner>);
 impl rotation::Install for Rotate {
     fn install(&self, creds: &Credentials) -> Result<(), TlsError> {
         let inner = &self.0;
-        let quic = inner.services.quic_options(&inner.config.common);
+        let quic = server_options(&inner.services, &inner.config);
         let server = quic::server_config(creds, &quic, inner.sessions.clone())?;
         inner.endpoint.set_server_config(Some(server.clone()));
         *inner
@@ -600,6 +600,19 @@ impl control::Handler for Control {
     }
 }
 
+/// The QUIC settings of the controller agent's connections: the services'
+/// own, with quinn's idle timeout at [`patient_attempt_limit`], so that a
+/// switch agent's 0-RTT attempt, which applies the idle timeout remembered
+/// from the previous connection at once (RFC 9000 §7.4.1), waits as long for
+/// the first answer as its full handshakes do. An established connection
+/// is still given up after the grace period, by each side's own silence
+/// check (`Link::serve`); quinn's timer is the backstop behind it.
+fn server_options(services: &ServiceTable, config: &ControllerConfig) -> quic::QuicOptions {
+    let mut opts = services.quic_options(&config.common);
+    opts.idle_timeout = patient_attempt_limit(config.common.quic.idle_timeout);
+    opts
+}
+
 async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
     let mut handlers = JoinSet::new();
     let mut report = tokio::time::interval(Duration::from_secs(1));
@@ -607,9 +620,14 @@ async fn accept_connections(inner: Arc<Inner>, shutdown: Shutdown) {
     let limit = inner.admission.limit();
     // Attempts over --max-handshakes wait (crate::admission::Waiting) rather
     // than being refused at once; one that waited longer than two thirds of
-    // the idle timeout (the switch agent's handshake gives up at the idle
-    // timeout) is refused so the switch tries again.
-    let max_wait = inner.config.common.quic.idle_timeout * 2 / 3;
+    // what a switch agent with one controller agent gives its attempt (twice
+    // the grace period: config::patient_attempt_limit) is refused so the
+    // switch tries again. The third left covers the time an attempt spent at a
+    // stopping agent before it reached this one. Refusing at two thirds of
+    // the grace period instead (before 2026-12-02) refused thousands of
+    // attempts per restart of 10,000 switches, each a further handshake on
+    // both sides (docs/scale.md, "Patience for the first answer").
+    let max_wait = patient_attempt_limit(inner.config.common.quic.idle_timeout) * 2 / 3;
     let mut waiting = Waiting::new(limit.saturating_mul(WAITING_PER_PERMIT), max_wait);
     let refuse = |incoming: quinn::Incoming| {
         inner.admission.count_refusal();
@@ -721,7 +739,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: Box<quinn::Incoming>, pe
                 crate::switch::unix_millis()
             );
             match qlog.transport(
-                &inner.services.quic_options(&inner.config.common),
+                &server_options(&inner.services, &inner.config),
                 &name,
                 &format!("quicsdn controller agent, switch at {remote}"),
             ) {
@@ -812,7 +830,7 @@ async fn handle_connection(inner: Arc<Inner>, incoming: Box<quinn::Incoming>, pe
         early.as_ref().map(|((_, rx), _)| rx.clone()),
         (inner.metrics.clone(), inner.taps.clone()),
     );
-    let serving = link.clone().serve(&inner.config.common.quic);
+    let serving = link.clone().serve(&inner.config.common.quic, None);
     tokio::pin!(serving);
     if let Some(((confirmed, _), done)) = early {
         // Registering supersedes the switch's older connection, so it waits for

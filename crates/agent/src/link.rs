@@ -213,13 +213,21 @@ impl Link {
     /// with [`code::SILENT`], even when quinn's idle timer would wait longer
     /// ([`liveness`]); that ending is returned as
     /// [`quinn::ConnectionError::TimedOut`].
-    pub async fn serve(self: Arc<Self>, quic: &QuicOptions) -> quinn::ConnectionError {
+    ///
+    /// `first_answer`: how long the peer may take to answer at all, if longer
+    /// (a switch agent's 0-RTT attempt, queued at a busy controller agent).
+    pub async fn serve(
+        self: Arc<Self>,
+        quic: &QuicOptions,
+        first_answer: Option<Duration>,
+    ) -> quinn::ConnectionError {
         // The switch agent checks its one connection every eighth of the
         // grace period; the controller agent every half, as 10,000 idle
         // connections checked every eighth cost it 4 points of a core more
         // (docs/scale.md, "A dead peer after a storm").
         let checks = if self.on_switch() { 8 } else { 2 };
-        let silence = liveness::silence(&self.conn, quic.idle_timeout, checks, |late| {
+        let grace = quic.idle_timeout;
+        let silence = liveness::silence(&self.conn, grace, checks, first_answer, |late| {
             let said = format!(
                 "the {} answered only after {:.1}s, past the grace period of {:.1}s (counted as \
                  the limit is, from this agent's ask; kept: the limit was {:.1}s)",

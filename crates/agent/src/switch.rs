@@ -151,7 +151,7 @@ impl SwitchAgent {
             }
             None => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
         };
-        let quic = services.quic_options(&config.common);
+        let quic = client_options(&services, &config);
         let endpoint = quic::client_endpoint(bind, creds, &quic)?;
         let controllers = config
             .controllers
@@ -352,7 +352,7 @@ impl Inner {
         let local = current
             .local_addr()
             .map_err(|e| format!("the QUIC endpoint's address: {e}"))?;
-        let opts = self.services.quic_options(&self.config.common);
+        let opts = client_options(&self.services, &self.config);
         let fresh =
             quic::client_endpoint_for_connect_with(SocketAddr::new(local.ip(), 0), &opts)
                 .map_err(|e| format!("cannot open a QUIC endpoint for a new connection: {e}"))?;
@@ -391,7 +391,7 @@ struct Rotate(Arc<Inner>);
 impl rotation::Install for Rotate {
     fn install(&self, creds: &Credentials) -> Result<(), TlsError> {
         let inner = &self.0;
-        let quic = inner.services.quic_options(&inner.config.common);
+        let quic = client_options(&inner.services, &inner.config);
         let configs = inner
             .controllers
             .iter()
@@ -525,7 +525,7 @@ async fn manage_connection(inner: Arc<Inner>, shutdown: Shutdown) {
                     }
                 };
                 let reason = tokio::select! {
-                    r = link.clone().serve(&inner.config.common.quic) => r,
+                    r = link.clone().serve(&inner.config.common.quic, Some(attempt_limit(&inner.config))) => r,
                     first = probe => {
                         // New sessions go to the first at once; closing this
                         // connection closes OVS's connections through it, and
@@ -703,6 +703,38 @@ fn superseded(reason: &quinn::ConnectionError) -> bool {
         if close.error_code == VarInt::from_u32(code::SUPERSEDED))
 }
 
+/// How long a connection attempt waits for the controller agent's first
+/// answer. With one controller agent: twice the grace period, the most a busy
+/// peer may keep an established connection waiting too (below OVS's fail-mode
+/// timeout: `config::patient_attempt_limit`). After a restart of
+/// the controller agent every switch agent tries at once and the new agent
+/// queues the attempts it has no handshake permit for (up to two thirds of
+/// this: `controller::accept_connections`); an attempt given up sooner would
+/// start again at the queue's tail, a further handshake on both sides, and
+/// there is no other agent to try meanwhile. With several, the grace period,
+/// so an agent that is down does not hold up the move to the next.
+pub(crate) fn attempt_limit(config: &SwitchConfig) -> Duration {
+    let grace = config.common.quic.idle_timeout;
+    if config.controllers.len() == 1 {
+        crate::config::patient_attempt_limit(grace)
+    } else {
+        grace
+    }
+}
+
+/// The QUIC settings of the switch agent's connections: the services' own,
+/// with quinn's idle timeout at [`attempt_limit`]. Until the controller
+/// agent's transport parameters arrive that is the handshake's timeout; then
+/// RFC 9000 §10.1 applies, "the effective value at an endpoint is computed as
+/// the minimum of the two advertised values" (the controller agent's grace
+/// period when it is the shorter), and this side's grace period is kept by
+/// the link's own silence check (`Link::serve`).
+fn client_options(services: &ServiceTable, config: &SwitchConfig) -> quic::QuicOptions {
+    let mut opts = services.quic_options(&config.common);
+    opts.idle_timeout = attempt_limit(config);
+    opts
+}
+
 /// One connection attempt. With a session ticket (and 0-RTT on), the connection
 /// is usable at once: the hello and OVS's first messages go in 0-RTT, and the
 /// handshake is confirmed in the background ([`confirm_early`]). Otherwise:
@@ -807,7 +839,7 @@ async fn connect_once(inner: &Arc<Inner>, index: usize, probe: bool) -> Result<A
             )),
         }
     };
-    let limit = cfg.common.quic.idle_timeout;
+    let limit = attempt_limit(cfg);
     tokio::time::timeout(limit, attempt)
         .await
         .unwrap_or_else(|_| {
@@ -1158,7 +1190,7 @@ async fn link_for_session(inner: &Inner) -> Option<Arc<Link>> {
             }
         }
     };
-    let limit = inner.config.common.quic.idle_timeout + Duration::from_secs(1);
+    let limit = attempt_limit(&inner.config) + Duration::from_secs(1);
     tokio::time::timeout(limit, wait).await.ok().flatten()
 }
 

@@ -4,7 +4,9 @@
 //! than three probe timeouts (RFC 9000 §10.1), would wait several times
 //! longer (`quicsdn_transport::liveness`; docs/scale.md, "A dead peer after a
 //! storm"); one that answers after the grace period but within that limit is
-//! kept, and the switch agent logs how late it answered.
+//! kept, and the switch agent logs how late it answered. A connection attempt
+//! to the only controller agent waits twice the grace period for its first
+//! answer.
 
 mod support;
 
@@ -171,6 +173,74 @@ async fn a_silent_controller_agent_is_given_up_within_twice_the_grace_period_wha
     let said = logs.lines_with(&["nothing from the controller agent", "grace period of 2.0s"]);
     assert!(!said.is_empty(), "{}", logs.text());
 
+    agent.shutdown().await;
+    controller.shutdown().await;
+}
+
+/// With one controller agent, a switch agent waits twice the grace period for
+/// the first answer to a connection attempt (docs/scale.md, "Patience for the
+/// first answer"): a controller agent busy with a restart storm queues the
+/// attempts it has no handshake permit for, and one given up at the grace
+/// period would start again at the queue's tail. Here the controller agent's
+/// first answers are held back past the grace period: the attempt still comes
+/// up, and it is the only one made. Held back past twice the grace period,
+/// another switch agent's attempt is given up then, not before.
+#[tokio::test]
+async fn an_attempt_waits_twice_the_grace_period_for_its_first_answer() {
+    let (logs, _guard) = LogCapture::install();
+    let pki = Pki::new();
+    let fake = FakeController::new().await;
+    let ctl_sock = pki.path().join("ctl.sock");
+    let mut ccfg = controller_config(&pki, &[format!("openflow={}", fake.target())]);
+    ccfg.common.quic.idle_timeout = GRACE;
+    ccfg.common.quic.keepalive = agent_keepalive_for(GRACE);
+    ccfg.common.control = Some(ctl_sock.clone());
+    let controller = ControllerAgent::start(ccfg).await.unwrap();
+    let relay = Relay::start(controller.local_addr().unwrap()).await;
+    let switch = |name: &str| {
+        let mut s = switch_config(
+            pki.issue(name),
+            relay.addr,
+            &["openflow=ptcp:0".to_string()],
+        );
+        s.common.quic.idle_timeout = GRACE;
+        s.common.quic.keepalive = agent_keepalive_for(GRACE);
+        s
+    };
+
+    relay.hold.send_replace(true);
+    let agent = SwitchAgent::start(switch("sw1")).await.unwrap();
+    // The controller agent's queue being emulated, not a wait for readiness.
+    tokio::time::sleep(LATE).await;
+    assert!(!agent.is_connected());
+    relay.hold.send_replace(false);
+    assert!(agent.wait_connected(PATIENCE).await, "{}", logs.text());
+    let status = control(&ctl_sock, r#"{"cmd":"status"}"#).await;
+    assert_eq!(
+        status["admission"]["admitted"], 1,
+        "one attempt, one handshake: {status}"
+    );
+    assert!(
+        logs.lines_with(&["cannot connect to the controller agent"])
+            .is_empty(),
+        "{}",
+        logs.text()
+    );
+    agent.shutdown().await;
+
+    // A controller agent that never answers: given up at twice the grace
+    // period (4 s).
+    relay.hold.send_replace(true);
+    let started = tokio::time::Instant::now();
+    let agent = SwitchAgent::start(switch("sw2")).await.unwrap();
+    logs.wait_for(&["cannot connect to the controller agent", "within 4s"])
+        .await;
+    let took = started.elapsed();
+    assert!(
+        took >= 2 * GRACE,
+        "given up after {took:?}: {}",
+        logs.text()
+    );
     agent.shutdown().await;
     controller.shutdown().await;
 }

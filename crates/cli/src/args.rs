@@ -244,8 +244,10 @@ pub struct QuicArgs {
     /// The grace period: how long the connection survives while the other
     /// side is silent (an outage, a migration) before it is declared dead and
     /// the local connections it carried are closed. Agents: keep it below OVS's
-    /// fail-mode timeout (3 × inactivity_probe, 15 s by default). [default: 6s
-    /// for the agents, 30s for the proxy]
+    /// fail-mode timeout (3 × inactivity_probe, 15 s by default). A switch
+    /// agent with one controller agent waits twice it (at most 14 s) for the
+    /// first answer to a connection attempt. [default: 6s for the agents, 30s
+    /// for the proxy]
     #[arg(long = "grace", alias = "idle-timeout", value_name = "DURATION")]
     pub idle_timeout: Option<String>,
     /// Flow-control window of each stream we receive, e.g. 256k. Smaller bounds how
@@ -532,8 +534,9 @@ pub struct ControllerArgs {
     pub session_store: Option<PathBuf>,
     /// Handshake admission control: QUIC handshakes under way at once. Attempts
     /// beyond wait for a free slot (returning switches first) and are refused
-    /// (CONNECTION_REFUSED) only after waiting 2/3 of the idle timeout or when 128
-    /// per slot already wait; a refused switch agent comes back within a second.
+    /// (CONNECTION_REFUSED) only after waiting 4/3 of --grace (two thirds of a
+    /// switch agent's attempt limit) or when 128 per slot already wait; a
+    /// refused switch agent comes back within a second.
     /// A handshake still incomplete after 1 s (its switch agent gone) gives its
     /// slot back. So a reconnect storm after a restart is served at the pace the
     /// CPU allows instead of collapsing. 0: no limit. [default: 128]

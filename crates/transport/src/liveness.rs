@@ -61,6 +61,15 @@ const PTO_IN_RTTS: u32 = 3;
 /// busy peer answers").
 const BUSY_GRACE_PERIODS: u32 = 2;
 
+/// The longest a busy peer may keep us waiting for an answer: twice the grace
+/// period ([`SilenceWatch::limit`]'s ceiling). A switch agent's connection
+/// attempt to its only controller agent waits as long for the first answer
+/// ([`SilenceWatch::first_answer_within`]; the agents cap it below OVS's
+/// fail-mode timeout).
+pub fn busy_limit(grace: Duration) -> Duration {
+    grace.saturating_mul(BUSY_GRACE_PERIODS)
+}
+
 /// How a connection went silent, for the log line that gives it up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Silence {
@@ -163,6 +172,8 @@ pub struct SilenceWatch {
     heard: Instant,
     /// The first check after `heard` that saw an ack-eliciting frame sent.
     asked: Option<Instant>,
+    /// How long the peer may take to answer at all, if longer than the limit.
+    first_answer: Option<Duration>,
 }
 
 impl SilenceWatch {
@@ -177,7 +188,17 @@ impl SilenceWatch {
             last: counters,
             heard: now,
             asked: None,
+            first_answer: None,
         }
+    }
+
+    /// Waits up to `limit` (if longer than [`Self::limit`] would) while
+    /// nothing at all has arrived on the connection: a 0-RTT connection
+    /// attempt, which a controller agent busy with a reconnect storm keeps
+    /// queued before it answers (its admission control, `max_wait`).
+    pub fn first_answer_within(mut self, limit: Duration) -> Self {
+        self.first_answer = Some(limit);
+        self
     }
 
     /// How often to check: a dead peer is given up at most this long after
@@ -192,11 +213,12 @@ impl SilenceWatch {
     /// the path's own probe timeouts.
     pub fn limit(&self) -> Duration {
         let three_ptos = |rtt: Duration| rtt.saturating_mul(PTO_IN_RTTS * 3);
-        let ceiling = self
-            .grace
-            .saturating_mul(BUSY_GRACE_PERIODS)
-            .max(three_ptos(self.path_rtt));
-        self.grace.max(three_ptos(self.rtt).min(ceiling))
+        let ceiling = busy_limit(self.grace).max(three_ptos(self.path_rtt));
+        let limit = self.grace.max(three_ptos(self.rtt).min(ceiling));
+        match self.first_answer {
+            Some(first) if self.last.received == 0 => limit.max(first),
+            _ => limit,
+        }
     }
 
     /// One check at `now`: [`Check::Silent`] once nothing has arrived for
@@ -254,10 +276,14 @@ pub async fn silence(
     conn: &quinn::Connection,
     grace: Duration,
     checks: u32,
+    first_answer: Option<Duration>,
     mut late_answer: impl FnMut(LateAnswer),
 ) -> Silence {
     let now = || tokio::time::Instant::now().into_std();
     let mut watch = SilenceWatch::new(now(), grace, checks, Counters::of(&conn.stats()));
+    if let Some(limit) = first_answer {
+        watch = watch.first_answer_within(limit);
+    }
     loop {
         tokio::time::sleep(watch.tick()).await;
         match watch.check(now(), Counters::of(&conn.stats())) {
@@ -477,6 +503,57 @@ mod tests {
             w.check(start + ms(1500) + ms(27_000), at(2, 1, ms(6000))),
             Check::Silent(_)
         ));
+    }
+
+    #[test]
+    fn a_first_answer_may_take_as_long_as_allowed_then_the_grace_period_holds() {
+        let start = Instant::now();
+        let first = busy_limit(GRACE);
+        // A 0-RTT attempt: sent at once, queued at a busy controller agent.
+        let mut w =
+            SilenceWatch::new(start, GRACE, 8, at(0, 0, ms(333))).first_answer_within(first);
+        assert_eq!(w.check(start + ms(750), at(0, 3, ms(333))), Check::Quiet);
+        assert_eq!(w.limit(), first);
+        // Past the grace period, short of the first-answer limit: waited for.
+        assert_eq!(
+            w.check(start + ms(750) + GRACE, at(0, 4, ms(333))),
+            Check::Quiet
+        );
+        // The answer: late, and kept.
+        assert_eq!(
+            w.check(start + ms(10_000), at(2, 4, LAN)),
+            Check::Late(LateAnswer {
+                after: ms(9250),
+                limit: first,
+                rtt: LAN,
+            })
+        );
+        // From now on the grace period: asked at 10.75 s, given up at 16.75.
+        assert_eq!(w.limit(), GRACE);
+        assert_eq!(w.check(start + ms(10_750), at(2, 5, LAN)), Check::Quiet);
+        assert_eq!(w.check(start + ms(16_749), at(2, 5, LAN)), Check::Quiet);
+        assert!(matches!(
+            w.check(start + ms(16_750), at(2, 5, LAN)),
+            Check::Silent(_)
+        ));
+
+        // A peer that never answers is given up at the first-answer limit.
+        let mut w =
+            SilenceWatch::new(start, GRACE, 8, at(0, 0, ms(333))).first_answer_within(first);
+        let (when, s) = run(&mut w, start, Duration::from_secs(60), |t| {
+            at(0, u64::from(t > Duration::ZERO), ms(333))
+        })
+        .expect("given up");
+        assert!(when >= first && when <= first + 2 * w.tick(), "{when:?}");
+        assert_eq!(s.limit, first);
+
+        // Without it, such an attempt is given up after the grace period.
+        let mut w = SilenceWatch::new(start, GRACE, 8, at(0, 0, ms(333)));
+        let (when, _) = run(&mut w, start, Duration::from_secs(60), |t| {
+            at(0, u64::from(t > Duration::ZERO), ms(333))
+        })
+        .expect("given up");
+        assert!(when >= GRACE && when <= GRACE + 2 * w.tick(), "{when:?}");
     }
 
     #[test]

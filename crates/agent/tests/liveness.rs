@@ -210,8 +210,10 @@ async fn an_attempt_waits_twice_the_grace_period_for_its_first_answer() {
 
     relay.hold.send_replace(true);
     let agent = SwitchAgent::start(switch("sw1")).await.unwrap();
-    // The controller agent's queue being emulated, not a wait for readiness.
-    tokio::time::sleep(LATE).await;
+    // The controller agent's queue being emulated, not a wait for readiness:
+    // past the grace period, leaving 1.5 s of the 4 s for the handshake and
+    // the hello on a busy machine.
+    tokio::time::sleep(GRACE + GRACE / 4).await;
     assert!(!agent.is_connected());
     relay.hold.send_replace(false);
     assert!(agent.wait_connected(PATIENCE).await, "{}", logs.text());

@@ -233,7 +233,7 @@ impl Link {
                  the limit is, from this agent's ask; kept: the limit was {:.1}s)",
                 self.names().1,
                 late.after.as_secs_f64(),
-                quic.idle_timeout.as_secs_f64(),
+                grace.as_secs_f64(),
                 late.limit.as_secs_f64(),
             );
             let rtt_ms = late.rtt.as_millis();
@@ -262,7 +262,7 @@ impl Link {
                         self.names().1,
                         s.silent.as_secs_f64(),
                         s.limit.as_secs_f64(),
-                        quic.idle_timeout.as_secs_f64(),
+                        grace.as_secs_f64(),
                     );
                     self.conn.close(VarInt::from_u32(code::SILENT), b"silent past the grace period");
                     return quinn::ConnectionError::TimedOut;
